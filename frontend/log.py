@@ -1,0 +1,352 @@
+"""The interest-routing log: a node's Kafka producer and its one consumer.
+
+Writes: each message goes to the partition its topic's routing key hashes to (see
+``router.partitioner``), keyed by that routing key, with an idempotent producer and ``acks=all``.
+``produce`` never blocks: librdkafka queues the record and a poll thread collects delivery reports,
+handing them to the event loop in batches.  A full producer queue makes ``produce`` return False;
+the caller stops reading from its client and is called back once the queue has drained.
+
+Reads: one consumer with *manual* partition assignment (no consumer group: every interested node
+reads a partition in full).  A consumer thread fetches batches, decodes the records and hands
+them to the event loop in log order per partition.  ``assign`` adds partitions at explicit
+offsets; ``high_watermarks`` reads where each partition ends, so a subscription can start there.
+
+Neither thread touches broker state: everything crosses into the loop with
+``call_soon_threadsafe``.  A record consumed here is never produced again, so no message loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+
+from frontend import record
+from frontend.record import Message
+from router.partitioner import Router, routing_key
+
+log = logging.getLogger("headwater.log")
+
+DeliveryCallback = Callable[[int, int, str | None], None]
+"""Called in the event loop with (partition, offset, error); error is None once durable."""
+
+
+@dataclass(slots=True, frozen=True)
+class Record:
+    """A message read back from the log, with its place in it."""
+
+    partition: int
+    offset: int
+    size: int
+    message: Message
+
+
+@dataclass(slots=True)
+class LogSettings:
+    bootstrap: str
+    topic: str
+    node_id: str
+    linger_ms: float = 1.0
+    delivery_timeout_ms: int = 30_000
+    queue_max_messages: int = 100_000
+    fetch_batch: int = 1000
+
+
+class KafkaLog:
+    """One node's connection to the log."""
+
+    def __init__(
+        self,
+        settings: LogSettings,
+        router: Router,
+        on_records: Callable[[list[Record]], None],
+    ) -> None:
+        self.settings = settings
+        self.router = router
+        self.available = False
+        self.produced = 0
+        self.produce_errors = 0
+        self.fetched_records = 0
+        self.fetched_bytes = 0
+        self.undecodable = 0
+        self._on_records = on_records
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
+        self._admin: AdminClient | None = None
+        self._running = False
+        self._threads: list[threading.Thread] = []
+        self._reports: list[tuple[DeliveryCallback, int, int, str | None]] = []
+        self._blocked: list[Callable[[], None]] = []
+        self._assigned: dict[int, bool] = {}
+        self._commands: queue.SimpleQueue[Callable[[Consumer], None]] = queue.SimpleQueue()
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        common: dict[str, Any] = {
+            "bootstrap.servers": self.settings.bootstrap,
+            "error_cb": self._on_error,
+        }
+        self._admin = AdminClient(dict(common))
+        await self._loop.run_in_executor(None, self._check_topic)
+        self._producer = Producer(
+            {
+                **common,
+                "client.id": f"headwater-{self.settings.node_id}",
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": self.settings.linger_ms,
+                "message.timeout.ms": self.settings.delivery_timeout_ms,
+                "queue.buffering.max.messages": self.settings.queue_max_messages,
+            }
+        )
+        self._consumer = Consumer(
+            {
+                **common,
+                "client.id": f"headwater-{self.settings.node_id}",
+                "group.id": f"headwater-node-{self.settings.node_id}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": False,
+                "fetch.wait.max.ms": 100,
+                "fetch.queue.backoff.ms": 5,
+            }
+        )
+        self._running = True
+        for target, name in ((self._poll_producer, "producer"), (self._consume, "consumer")):
+            thread = threading.Thread(target=target, name=f"headwater-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self.available = True
+
+    def _check_topic(self) -> None:
+        assert self._admin is not None
+        try:
+            meta = self._admin.list_topics(self.settings.topic, timeout=10)
+        except KafkaException as exc:
+            raise ConnectionError(
+                f"Kafka at {self.settings.bootstrap} is unreachable: {exc}"
+            ) from exc
+        topic = meta.topics.get(self.settings.topic)
+        if topic is None or topic.error is not None:
+            raise ConnectionError(f"log topic {self.settings.topic!r} does not exist in Kafka")
+        if len(topic.partitions) != self.router.num_partitions:
+            raise ValueError(
+                f"log topic {self.settings.topic!r} has {len(topic.partitions)} partitions, "
+                f"--partitions says {self.router.num_partitions}"
+            )
+
+    async def stop(self, flush_timeout: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        if self._producer is not None:
+            await loop.run_in_executor(None, self._producer.flush, flush_timeout)
+        self._running = False
+        for thread in self._threads:
+            await loop.run_in_executor(None, thread.join, 5.0)
+        self._threads.clear()
+        if self._consumer is not None:
+            await loop.run_in_executor(None, self._consumer.close)
+            self._consumer = None
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.available = False
+        log.warning("Kafka: %s", error.str())
+
+    def _probe(self) -> None:
+        """While Kafka is marked unavailable, ask it for metadata; an answer marks it back up."""
+        assert self._producer is not None
+        try:
+            self._producer.list_topics(self.settings.topic, timeout=1.0)
+        except KafkaException:
+            return
+        log.info("Kafka available again")
+        self.available = True
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def produce(self, message: Message, on_delivery: DeliveryCallback | None) -> bool:
+        """Queue ``message`` for the log; False if the producer queue is full (retry later)."""
+        assert self._producer is not None
+        partition = self.router.partition_for_topic(message.topic)
+        callback: Any = None
+        if on_delivery is not None:
+            reports = self._reports
+
+            def callback(err: KafkaError | None, msg: Any) -> None:
+                reports.append(
+                    (on_delivery, msg.partition(), msg.offset(), err.str() if err else None)
+                )
+
+        try:
+            self._producer.produce(
+                self.settings.topic,
+                record.encode(message),
+                routing_key(message.topic, self.router.depth).encode(),
+                partition=partition,
+                on_delivery=callback if callback is not None else self._count_delivery,
+            )
+        except BufferError:
+            return False
+        return True
+
+    def when_writable(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` in the loop once the producer queue has room again."""
+        self._blocked.append(callback)
+
+    def _count_delivery(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            self.produce_errors += 1
+            log.warning("a QoS 0 message was lost by Kafka: %s", err.str())
+
+    def _poll_producer(self) -> None:
+        assert self._producer is not None and self._loop is not None
+        last_probe = 0.0
+        while self._running:
+            self._producer.poll(0.02)
+            if not self.available and time.monotonic() - last_probe > 1.0:
+                last_probe = time.monotonic()
+                self._probe()
+            if self._reports or self._blocked:
+                reports, self._reports = self._reports, []
+                with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                    self._loop.call_soon_threadsafe(self._deliver_reports, reports)
+
+    def _deliver_reports(
+        self, reports: list[tuple[DeliveryCallback, int, int, str | None]]
+    ) -> None:
+        for callback, partition, offset, error in reports:
+            if error is None:
+                self.produced += 1
+                self.available = True
+            else:
+                self.produce_errors += 1
+            callback(partition, offset, error)
+        if (
+            self._blocked
+            and self._producer is not None
+            and len(self._producer) < (self.settings.queue_max_messages // 2)
+        ):
+            blocked, self._blocked = self._blocked, []
+            for resume in blocked:
+                resume()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def high_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Where each partition ends now: the offset the next record will get.
+
+        Retried for a few seconds on retriable errors (no leader yet, a leader moving)."""
+        wanted = sorted(partitions)
+        for attempt in range(50):
+            try:
+                return await self._list_offsets(wanted)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not (isinstance(error, KafkaError) and error.retriable()) or attempt == 49:
+                    raise
+            await asyncio.sleep(0.1)
+        raise AssertionError("unreachable")
+
+    async def _list_offsets(self, partitions: list[int]) -> dict[int, int]:
+        assert self._admin is not None
+        if not partitions:
+            return {}
+        topic = self.settings.topic
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        futures = self._admin.list_offsets(
+            {TopicPartition(topic, p): latest for p in partitions}, request_timeout=10
+        )
+        result: dict[int, int] = {}
+        for tp, future in futures.items():
+            info = await asyncio.wrap_future(future)
+            result[tp.partition] = info.offset
+        return result
+
+    # The consumer handle is only ever used by the consumer thread: a call into it from the
+    # loop thread could wait on that thread while holding the GIL.  Assignment changes are
+    # therefore commands, run by the consumer thread between two fetches.
+
+    def assign(self, offsets: dict[int, int]) -> None:
+        """Start reading these partitions at these offsets."""
+        new = [TopicPartition(self.settings.topic, p, o) for p, o in offsets.items()]
+        if new:
+            self._assigned.update(dict.fromkeys(offsets, True))
+            self._commands.put(lambda consumer: consumer.incremental_assign(new))
+
+    def unassign(self, partitions: Iterable[int]) -> None:
+        """Stop reading these partitions."""
+        gone = [TopicPartition(self.settings.topic, p) for p in partitions]
+        if gone:
+            for tp in gone:
+                self._assigned.pop(tp.partition, None)
+            self._commands.put(lambda consumer: consumer.incremental_unassign(gone))
+
+    def assigned(self) -> list[int]:
+        return sorted(self._assigned)
+
+    async def positions(self) -> dict[int, int]:
+        """The consumer's next offset per assigned partition (Kafka's own view)."""
+        tps = [TopicPartition(self.settings.topic, p) for p in self._assigned]
+        answer: concurrent.futures.Future[list[TopicPartition]] = concurrent.futures.Future()
+        self._commands.put(lambda consumer: answer.set_result(consumer.position(tps)))
+        return {tp.partition: tp.offset for tp in await asyncio.wrap_future(answer)}
+
+    def _consume(self) -> None:
+        assert self._consumer is not None and self._loop is not None
+        consumer, loop, batch_size = self._consumer, self._loop, self.settings.fetch_batch
+        while self._running:
+            self._run_commands(consumer)
+            try:
+                raw = consumer.consume(batch_size, 0.02)
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("consume failed: %s", exc)
+                continue
+            if raw:
+                batch = self._decode(raw)
+                if batch:
+                    with contextlib.suppress(RuntimeError):
+                        loop.call_soon_threadsafe(self._on_records, batch)
+
+    def _run_commands(self, consumer: Consumer) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                command(consumer)
+            except KafkaException as exc:
+                log.error("consumer assignment change failed: %s", exc)
+
+    def _decode(self, raw: list[Any]) -> list[Record]:
+        batch: list[Record] = []
+        for msg in raw:
+            if msg.error() is not None:
+                log.warning("fetch error: %s", msg.error().str())
+                continue
+            value = msg.value()
+            self.fetched_records += 1
+            self.fetched_bytes += len(value)
+            try:
+                message = record.decode(value)
+            except record.RecordError as exc:
+                self.undecodable += 1
+                log.warning(
+                    "skipping undecodable record at %s/%s: %s", msg.partition(), msg.offset(), exc
+                )
+                continue
+            batch.append(Record(msg.partition(), msg.offset(), len(value), message))
+        return batch

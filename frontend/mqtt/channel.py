@@ -1,0 +1,379 @@
+"""One connection's MQTT 3.1.1 protocol state machine, sans-IO.
+
+The connection feeds decoded packets to :meth:`Channel.handle_in` and carries out the actions it
+returns, in order.  Some actions need I/O whose outcome comes back as a call:
+:class:`OpenSession` -> :meth:`Channel.session_opened`,
+:class:`Produce` -> :meth:`Channel.produced`,
+:class:`AddSubscriptions` -> :meth:`Channel.subscribed`.  The connection hands the channel no
+further packet until an open/subscribe/unsubscribe action has completed, so a connection's packets
+are handled strictly in order.
+
+States and the packets allowed in each (anything else is a :class:`ProtocolError`):
+
+=========== ===================================================================================
+CONNECTING  CONNECT only [MQTT-3.1.0-1]
+OPENING     nothing (the connection holds packets back while the session is opened)
+CONNECTED   PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, SUBSCRIBE, UNSUBSCRIBE, PINGREQ, DISCONNECT;
+            a second CONNECT is a violation [MQTT-3.1.0-2]
+CLOSED      nothing is processed
+=========== ===================================================================================
+
+Replies that depend on the log (PUBACK, PUBREC) are sent only once the write is durable, and in
+the order the PUBLISH packets arrived [MQTT-4.6.0-2, MQTT-4.6.0-3], whatever order Kafka confirms
+them in.  One place, :meth:`Channel.handle_error`, decides the wire reaction to an error.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from frontend.mqtt import topics
+from frontend.mqtt.codec import encode
+from frontend.mqtt.errors import ConnectRefused, ProtocolError
+from frontend.mqtt.packets import (
+    SUBACK_FAILURE,
+    Connack,
+    ConnackCode,
+    Connect,
+    Disconnect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from frontend.record import Message
+from frontend.session import Session
+
+
+class State(enum.Enum):
+    CONNECTING = "connecting"
+    OPENING = "opening"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+# -- actions --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Send:
+    """Write these bytes to the client."""
+
+    data: bytes
+
+
+@dataclass(slots=True)
+class Close:
+    """Close the network connection; publish the will first if ``publish_will``."""
+
+    reason: str
+    publish_will: bool
+
+
+@dataclass(slots=True)
+class OpenSession:
+    """Authenticate and open (or resume) the session; answer with ``session_opened``."""
+
+    connect: Connect
+    client_id: str
+
+
+@dataclass(slots=True)
+class Produce:
+    """Write ``message`` to the log; call ``produced(ticket)`` once it is durable."""
+
+    message: Message
+    ticket: int | None
+    """None for QoS 0: nothing waits for the write."""
+
+
+@dataclass(slots=True)
+class AddSubscriptions:
+    """Register ``granted`` filters; answer with ``subscribed(packet_id)``."""
+
+    packet_id: int
+    granted: list[tuple[str, int]]
+    return_codes: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class RemoveSubscriptions:
+    """Drop ``filters``; UNSUBACK follows in the same action list [MQTT-3.10.4-4]."""
+
+    filters: tuple[str, ...]
+
+
+Action = Send | Close | OpenSession | Produce | AddSubscriptions | RemoveSubscriptions
+
+PINGRESP = encode(Pingresp())
+
+
+@dataclass(slots=True)
+class _PendingReply:
+    packet: Packet
+    message_id: bytes
+    done: bool = False
+
+
+@dataclass(slots=True)
+class Limits:
+    """Per-connection limits; the defaults follow Mosquitto's."""
+
+    max_inflight: int = 20
+    max_queued: int = 1000
+    max_client_id_length: int = 65535
+    max_pending_publishes: int = 1000
+    """PUBLISH packets awaiting the log before the connection stops reading."""
+
+
+@dataclass(slots=True)
+class _Subscribing:
+    packet_id: int
+    return_codes: tuple[int, ...]
+    granted: list[tuple[str, int]] = field(default_factory=list)
+
+
+class Channel:
+    """The protocol state of one client connection."""
+
+    def __init__(self, node_id: str, limits: Limits | None = None) -> None:
+        self.node_id = node_id
+        self.limits = limits or Limits()
+        self.state = State.CONNECTING
+        self.client_id = ""
+        self.connect: Connect | None = None
+        self.session: Session | None = None
+        self.keep_alive = 0
+        self._will: Will | None = None
+        self._replies: deque[_PendingReply] = deque()
+        self._tickets: dict[int, _PendingReply] = {}
+        self._next_ticket = 0
+        self._subscribing: _Subscribing | None = None
+        self._handlers: dict[type, Callable[[Packet], list[Action]]] = {
+            Publish: self._on_publish,  # type: ignore[dict-item]
+            Puback: self._on_puback,  # type: ignore[dict-item]
+            Pubrec: self._on_pubrec,  # type: ignore[dict-item]
+            Pubrel: self._on_pubrel,  # type: ignore[dict-item]
+            Pubcomp: self._on_pubcomp,  # type: ignore[dict-item]
+            Subscribe: self._on_subscribe,  # type: ignore[dict-item]
+            Unsubscribe: self._on_unsubscribe,  # type: ignore[dict-item]
+            Pingreq: self._on_pingreq,  # type: ignore[dict-item]
+            Disconnect: self._on_disconnect,  # type: ignore[dict-item]
+        }
+
+    # -- input --------------------------------------------------------------------------------
+
+    def handle_in(self, packet: Packet) -> list[Action]:
+        """The actions answering one packet from the client; raises :class:`ProtocolError`."""
+        if self.state is State.CONNECTED:
+            handler = self._handlers.get(type(packet))
+            if handler is not None:
+                return handler(packet)
+            if isinstance(packet, Connect):
+                raise ProtocolError("MQTT-3.1.0-2", "a second CONNECT packet")
+            raise ProtocolError("MQTT-4.8.0-1", f"{type(packet).__name__} is server-to-client")
+        if self.state is State.CONNECTING:
+            if not isinstance(packet, Connect):
+                raise ProtocolError("MQTT-3.1.0-1", "the first packet must be CONNECT")
+            return self._on_connect(packet)
+        if self.state is State.OPENING:
+            raise RuntimeError("a packet was fed while the session was being opened")
+        return []
+
+    def handle_error(self, error: ProtocolError) -> list[Action]:
+        """The only place that turns a protocol error into what goes on the wire."""
+        actions: list[Action] = []
+        if self.state in (State.CONNECTING, State.OPENING) and error.connack_code is not None:
+            actions.append(Send(encode(Connack(False, error.connack_code))))
+        actions.append(Close(str(error), publish_will=self._will is not None))
+        self._enter_closed()
+        return actions
+
+    def connection_lost(self, reason: str) -> list[Action]:
+        """The network connection ended without DISCONNECT: the will is published [MQTT-3.1.2-8]."""
+        if self.state is State.CLOSED:
+            return []
+        will = self._will is not None
+        self._enter_closed()
+        return [Close(reason, publish_will=will)]
+
+    def keep_alive_expired(self) -> list[Action]:
+        """Nothing received for 1.5 x keep-alive [MQTT-3.1.2-24]."""
+        return self.connection_lost(f"keep-alive of {self.keep_alive}s expired")
+
+    def take_will(self) -> Message | None:
+        """The will message to publish now, at most once."""
+        will, self._will = self._will, None
+        if will is None:
+            return None
+        return Message.create(
+            will.topic, will.payload, will.qos, will.retain, self.client_id, self.node_id
+        )
+
+    # -- CONNECT ------------------------------------------------------------------------------
+
+    def _on_connect(self, connect: Connect) -> list[Action]:
+        client_id = connect.client_id
+        if not client_id:
+            if not connect.clean_session:
+                raise ConnectRefused(
+                    ConnackCode.IDENTIFIER_REJECTED,
+                    "MQTT-3.1.3-8",
+                    "zero-length client id requires cleanSession=1",
+                )
+            client_id = f"headwater-{uuid.uuid4().hex}"  # [MQTT-3.1.3-6]
+        elif len(client_id) > self.limits.max_client_id_length or (
+            connect.protocol_level == 3 and len(client_id) > 23
+        ):
+            raise ConnectRefused(
+                ConnackCode.IDENTIFIER_REJECTED, "MQTT-3.1.3-5", "client identifier too long"
+            )
+        self.connect = connect
+        self.client_id = client_id
+        self.keep_alive = connect.keep_alive
+        self.state = State.OPENING
+        return [OpenSession(connect, client_id)]
+
+    def session_opened(self, session: Session, present: bool) -> list[Action]:
+        """The session is ours: CONNACK 0, then whatever the resumed session owes the client."""
+        assert self.connect is not None
+        self.session = session
+        self._will = self.connect.will
+        self.state = State.CONNECTED
+        connack = Send(encode(Connack(present, ConnackCode.ACCEPTED)))
+        return [connack, *(Send(data) for data in session.resume())]
+
+    def session_refused(self, code: int, reason: str) -> list[Action]:
+        """The session could not be opened: CONNACK ``code``, then close [MQTT-3.2.2-5]."""
+        self._enter_closed()
+        return [Send(encode(Connack(False, code))), Close(reason, publish_will=False)]
+
+    # -- PUBLISH from the client ----------------------------------------------------------------
+
+    def _on_publish(self, publish: Publish) -> list[Action]:
+        topics.validate_topic_name(publish.topic)
+        message = Message.create(
+            publish.topic,
+            publish.payload,
+            publish.qos,
+            publish.retain,
+            self.client_id,
+            self.node_id,
+        )
+        if publish.qos == 0:
+            return [Produce(message, None)]
+        assert publish.packet_id is not None
+        if publish.qos == 1:
+            return [Produce(message, self._await_log(Puback(publish.packet_id), message))]
+        assert self.session is not None
+        if not self.session.receive_qos2(publish.packet_id):
+            return self._reply_again(Pubrec(publish.packet_id))
+        return [Produce(message, self._await_log(Pubrec(publish.packet_id), message))]
+
+    def _await_log(self, reply: Packet, message: Message) -> int:
+        pending = _PendingReply(reply, message.message_id)
+        self._next_ticket += 1
+        self._tickets[self._next_ticket] = pending
+        self._replies.append(pending)
+        return self._next_ticket
+
+    def _reply_again(self, reply: Packet) -> list[Action]:
+        """A DUP of a QoS 2 PUBLISH already taken: PUBREC again, in order, never re-publish."""
+        if not self._replies:
+            return [Send(encode(reply))]
+        self._replies.append(_PendingReply(reply, b"", done=True))
+        return []
+
+    def produced(self, ticket: int) -> list[Action]:
+        """The log confirmed a write: release every reply now due, in arrival order."""
+        pending = self._tickets.pop(ticket, None)
+        if pending is None or self.state is State.CLOSED:
+            return []
+        pending.done = True
+        sent: list[Action] = []
+        while self._replies and self._replies[0].done:
+            sent.append(Send(encode(self._replies.popleft().packet)))
+        return sent
+
+    def awaiting_log(self, message_id: bytes) -> bool:
+        """True while this client's own PUBLISH is not yet acknowledged to it."""
+        return any(p.message_id == message_id for p in self._replies)
+
+    @property
+    def pending_publishes(self) -> int:
+        return len(self._tickets)
+
+    # -- acknowledgements from the client --------------------------------------------------------
+
+    def _on_puback(self, puback: Puback) -> list[Action]:
+        assert self.session is not None
+        return [Send(data) for data in self.session.puback(puback.packet_id)]
+
+    def _on_pubrec(self, pubrec: Pubrec) -> list[Action]:
+        assert self.session is not None
+        return [Send(self.session.pubrec(pubrec.packet_id))]
+
+    def _on_pubrel(self, pubrel: Pubrel) -> list[Action]:
+        assert self.session is not None
+        self.session.release_qos2(pubrel.packet_id)
+        return self._reply_again(Pubcomp(pubrel.packet_id))  # [MQTT-4.3.3-2]
+
+    def _on_pubcomp(self, pubcomp: Pubcomp) -> list[Action]:
+        assert self.session is not None
+        return [Send(data) for data in self.session.pubcomp(pubcomp.packet_id)]
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ------------------------------------------------------------------
+
+    def _on_subscribe(self, subscribe: Subscribe) -> list[Action]:
+        granted: list[tuple[str, int]] = []
+        codes: list[int] = []
+        for topic_filter, qos in subscribe.topics:
+            if topics.is_valid_filter(topic_filter):
+                granted.append((topic_filter, qos))
+                codes.append(qos)
+            else:
+                codes.append(SUBACK_FAILURE)  # [MQTT-3.9.3-2]
+        return [AddSubscriptions(subscribe.packet_id, granted, tuple(codes))]
+
+    def subscribed(self, request: AddSubscriptions, failed: bool = False) -> list[Action]:
+        """The SUBACK for ``request``; the connection sends matching retained messages after it
+        [MQTT-3.3.1-6].  ``failed``: the subscriptions could not be registered, every code is
+        0x80."""
+        codes = request.return_codes
+        if failed:
+            codes = tuple(SUBACK_FAILURE for _ in codes)
+        return [Send(encode(Suback(request.packet_id, codes)))]
+
+    def _on_unsubscribe(self, unsubscribe: Unsubscribe) -> list[Action]:
+        return [
+            RemoveSubscriptions(unsubscribe.topics),
+            Send(encode(Unsuback(unsubscribe.packet_id))),  # [MQTT-3.10.4-4], [MQTT-3.10.4-5]
+        ]
+
+    # -- the rest -----------------------------------------------------------------------------
+
+    def _on_pingreq(self, _: Pingreq) -> list[Action]:
+        return [Send(PINGRESP)]  # [MQTT-3.12.4-1]
+
+    def _on_disconnect(self, _: Disconnect) -> list[Action]:
+        self._will = None  # [MQTT-3.14.4-3]
+        self._enter_closed()
+        return [Close("client sent DISCONNECT", publish_will=False)]
+
+    def _enter_closed(self) -> None:
+        self.state = State.CLOSED
+        self._tickets.clear()
+        self._replies.clear()

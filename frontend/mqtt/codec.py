@@ -1,0 +1,623 @@
+"""MQTT 3.1.1 wire format: an incremental decoder and an encoder, with no I/O.
+
+Decoding.  :class:`Decoder` keeps one ``bytearray`` for a trailing partial packet.  ``feed``
+parses from a read offset, either straight over the caller's ``bytes`` (when nothing is
+buffered, the usual case) or over the buffer after appending to it, and returns every complete
+packet as a value of :mod:`.packets`.  Consumed bytes are dropped once per call, never per
+packet, and only the unconsumed tail is ever copied into the buffer, so the work is linear in
+the bytes received however they are split.  Invariants:
+
+* the same byte stream gives the same packets, and the same first error, whatever the chunking:
+  every check on a packet runs in a fixed order, and only on bytes of that packet;
+* the fixed header (type, flags, remaining length, exact lengths of the fixed-size packets, and
+  the maximum packet size) is checked as soon as it is complete, before any body is buffered;
+* decoding raises only :class:`~.errors.ProtocolError` subclasses, each citing the spec; after
+  one, the decoder is unusable and the connection is to be closed (packets completed earlier in
+  the same ``feed`` call are not returned);
+* validation stops at what bytes alone can tell: a SUBSCRIBE's topic filters are returned as
+  strings (the channel answers SUBACK 0x80 for a bad one), and connection state is not checked.
+
+Encoding.  :func:`encode` turns any of the fourteen packets into bytes.  The PUBLISH hot path is
+:class:`PublishTemplate`: built once per (message, QoS), it holds the encoded fixed header, topic
+and payload, so each subscriber costs one ``bytes`` join with a fresh packet identifier.  The
+encoder trusts its input to be a valid packet; it raises ``ValueError`` only for values the wire
+format cannot carry (QoS 3, a packet identifier without QoS, a field over 65535 bytes).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any, Final
+
+from .errors import ConnectRefused, MalformedPacket, PacketTooLarge, ProtocolError
+from .packets import (
+    SUBACK_FAILURE,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+
+__all__ = [
+    "MAX_PACKET_SIZE",
+    "SUPPORTED_PROTOCOLS",
+    "Decoder",
+    "PublishTemplate",
+    "encode",
+    "encode_publish",
+]
+
+MAX_PACKET_SIZE: Final = 268_435_455
+"""The largest remaining length a four-byte variable length integer can carry (2.2.3)."""
+
+SUPPORTED_PROTOCOLS: Final = {"MQTT": 4, "MQIsdp": 3}
+"""Protocol name -> the one level accepted with it: MQTT 3.1.1, and MQTT 3.1 as Mosquitto does."""
+
+_U16: Final = struct.Struct(">H")
+_SUBACK_CODES: Final = frozenset((0, 1, 2, SUBACK_FAILURE))
+
+_REQUIRED_FLAGS: Final = {
+    PacketType.PUBREL: (0b0010, "MQTT-3.6.1-1"),
+    PacketType.SUBSCRIBE: (0b0010, "MQTT-3.8.1-1"),
+    PacketType.UNSUBSCRIBE: (0b0010, "MQTT-3.10.1-1"),
+}
+"""Fixed-header flags other than 0b0000 that a packet type must carry [MQTT-2.2.2-1]."""
+
+_FIXED_LENGTHS: Final = {
+    PacketType.CONNACK: 2,
+    PacketType.PUBACK: 2,
+    PacketType.PUBREC: 2,
+    PacketType.PUBREL: 2,
+    PacketType.PUBCOMP: 2,
+    PacketType.UNSUBACK: 2,
+    PacketType.PINGREQ: 0,
+    PacketType.PINGRESP: 0,
+    PacketType.DISCONNECT: 0,
+}
+"""Packet types whose remaining length is fixed by the spec (sections 3.x.1)."""
+
+
+def _header_rule(first: int) -> tuple[int, int] | None:
+    """(packet type, required remaining length or -1), or None when the first byte is invalid."""
+    ptype = first >> 4
+    if ptype == 0 or ptype == 15:
+        return None
+    flags, _ = _REQUIRED_FLAGS.get(PacketType(ptype), (0, ""))
+    if ptype != PacketType.PUBLISH and first & 0x0F != flags:
+        return None
+    return ptype, _FIXED_LENGTHS.get(PacketType(ptype), -1)
+
+
+_HEADER_RULES: Final = tuple(_header_rule(first) for first in range(256))
+"""Indexed by the fixed header's first byte, so the per-packet header check is one lookup."""
+
+
+def _header_error(first: int) -> MalformedPacket:
+    ptype = first >> 4
+    if ptype == 0 or ptype == 15:
+        return MalformedPacket("MQTT-2.2.1", f"reserved control packet type {ptype}")
+    name = PacketType(ptype).name
+    flags, spec_id = _REQUIRED_FLAGS.get(PacketType(ptype), (0, "MQTT-2.2.2-1"))
+    return MalformedPacket(spec_id, f"{name} fixed header flags must be {flags:04b}")
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding
+
+
+class Decoder:
+    """Bytes in, packets out, for one connection's inbound stream (see the module docstring)."""
+
+    __slots__ = ("_buf", "_max_size")
+
+    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
+        self._buf = bytearray()
+        self._max_size = max_packet_size
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
+        """Buffer ``data`` and return every packet it completes, in stream order."""
+        buf = self._buf
+        source: bytes | bytearray
+        if buf or not isinstance(data, bytes):
+            buf += data
+            source = buf
+        else:
+            source = data  # nothing buffered: parse the caller's bytes without copying them
+        packets: list[Packet] = []
+        pos = self._decode_packets(source, packets)
+        if source is buf:
+            del buf[:pos]
+        elif pos < len(source):
+            buf += memoryview(source)[pos:]
+        return packets
+
+    def _decode_packets(self, source: bytes | bytearray, packets: list[Packet]) -> int:
+        """Append the complete packets in ``source`` to ``packets``; return the bytes consumed."""
+        pos = 0
+        end = len(source)
+        while pos < end:
+            first = source[pos]
+            rule = _HEADER_RULES[first]
+            if rule is None:
+                raise _header_error(first)
+            if pos + 1 < end and source[pos + 1] < 0x80:
+                start, length = pos + 2, source[pos + 1]
+            else:
+                header = _read_remaining_length(source, pos, end)
+                if header is None:
+                    return pos
+                start, length = header
+            ptype, required = rule
+            if (required >= 0 and length != required) or start - pos + length > self._max_size:
+                raise self._length_error(required, start - pos + length)
+            stop = start + length
+            if stop > end:
+                return pos
+            if ptype == PacketType.PUBLISH:
+                packets.append(_decode_publish(first, source, start, stop))
+            else:
+                packets.append(_BODY_DECODERS[ptype](_Reader(bytes(source[start:stop]))))
+            pos = stop
+        return pos
+
+    def _length_error(self, required: int, size: int) -> MalformedPacket:
+        if size > self._max_size:
+            return PacketTooLarge(
+                "MQTT-2.2.3", f"packet of {size} bytes exceeds the maximum of {self._max_size}"
+            )
+        return MalformedPacket("MQTT-2.2.3", f"remaining length must be {required}")
+
+
+def _read_remaining_length(buf: bytes | bytearray, pos: int, end: int) -> tuple[int, int] | None:
+    """(body start, remaining length) of the packet at ``pos``, or None if still incomplete."""
+    value = 0
+    shift = 0
+    i = pos + 1
+    while i < end:
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if byte < 0x80:
+            return i, value
+        shift += 7
+        if shift == 28:
+            raise MalformedPacket("MQTT-2.2.3", "remaining length longer than four bytes")
+    return None
+
+
+def _decode_utf8(raw: bytes | bytearray) -> str:
+    """A UTF-8 encoded string's value [MQTT-1.5.3-1] [MQTT-1.5.3-2]."""
+    try:
+        text = raw.decode()  # strict: rejects surrogates and overlong forms
+    except UnicodeDecodeError:
+        raise MalformedPacket("MQTT-1.5.3-1", "ill-formed UTF-8 string") from None
+    if "\x00" in text:
+        raise MalformedPacket("MQTT-1.5.3-2", "string contains U+0000")
+    return text
+
+
+def _check_topic_name(topic: str) -> str:
+    """A PUBLISH or will topic name: non-empty, no U+0000, no wildcards."""
+    if "+" in topic or "#" in topic or "\x00" in topic or not topic:
+        raise _topic_name_error(topic)
+    return topic
+
+
+def _topic_name_error(topic: str) -> MalformedPacket:
+    if not topic:
+        return MalformedPacket("MQTT-4.7.3-1", "topic name must not be empty")
+    if "\x00" in topic:
+        return MalformedPacket("MQTT-1.5.3-2", "string contains U+0000")
+    return MalformedPacket("MQTT-3.3.2-2", "topic name must not contain wildcards")
+
+
+def _truncated(what: str) -> MalformedPacket:
+    return MalformedPacket("MQTT-2.2.3", f"{what} runs past the remaining length")
+
+
+def _fast_publish_constructor() -> Callable[[str, bytes, int, bool, bool, int | None], Publish]:
+    """``Publish(...)`` without the frozen dataclass's six ``object.__setattr__`` calls.
+
+    That generic path is half the cost of decoding a small PUBLISH.  Setting the slots through
+    their descriptors builds an equal value; if ``Publish`` ever stops being a slotted dataclass
+    of exactly these fields, the plain constructor is used instead.
+    """
+    names = ("topic", "payload", "qos", "retain", "dup", "packet_id")
+    slots = getattr(Publish, "__slots__", ())
+    if tuple(f.name for f in fields(Publish)) != names or tuple(slots) != names:
+        return Publish
+    set_topic, set_payload, set_qos, set_retain, set_dup, set_packet_id = (
+        Publish.__dict__[name].__set__ for name in names
+    )
+    new = object.__new__
+
+    def construct(
+        topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None
+    ) -> Publish:
+        packet: Publish = new(Publish)
+        set_topic(packet, topic)
+        set_payload(packet, payload)
+        set_qos(packet, qos)
+        set_retain(packet, retain)
+        set_dup(packet, dup)
+        set_packet_id(packet, packet_id)
+        return packet
+
+    return construct
+
+
+_new_publish: Final = _fast_publish_constructor()
+
+_COPY_VIA_MEMORYVIEW: Final = 1024
+"""Payloads above this size are copied out of a ``bytearray`` once, through a memoryview."""
+
+
+def _decode_publish(first: int, source: bytes | bytearray, start: int, stop: int) -> Publish:
+    """The hot path: works on offsets into the decoder's source; copies topic and payload once."""
+    qos = (first >> 1) & 0x03
+    if qos == 3:
+        raise MalformedPacket("MQTT-3.3.1-4", "PUBLISH QoS must not be 3")
+    dup = first & 0x08 != 0
+    if dup and not qos:
+        raise MalformedPacket("MQTT-3.3.1-2", "DUP must be 0 for a QoS 0 PUBLISH")
+    if stop - start < 2:
+        raise _truncated("PUBLISH topic name length")
+    offset = start + 2 + ((source[start] << 8) | source[start + 1])
+    packet_id = None
+    if qos:
+        if offset + 2 > stop:
+            raise _truncated("PUBLISH topic name and packet identifier")
+        packet_id = (source[offset] << 8) | source[offset + 1]
+        if not packet_id:
+            raise MalformedPacket("MQTT-2.3.1-1", "PUBLISH packet identifier must be non-zero")
+        offset += 2
+    elif offset > stop:
+        raise _truncated("PUBLISH topic name")
+    try:
+        topic = source[start + 2 : offset - 2 if qos else offset].decode()  # strict UTF-8
+    except UnicodeDecodeError:
+        raise MalformedPacket("MQTT-1.5.3-1", "ill-formed UTF-8 topic name") from None
+    if "+" in topic or "#" in topic or "\x00" in topic or not topic:
+        raise _topic_name_error(topic)
+    if type(source) is bytes:
+        payload = source[offset:stop]
+    elif stop - offset <= _COPY_VIA_MEMORYVIEW:
+        payload = bytes(source[offset:stop])
+    else:
+        payload = bytes(memoryview(source)[offset:stop])
+    return _new_publish(topic, payload, qos, first & 0x01 != 0, dup, packet_id)
+
+
+class _Reader:
+    """Sequential reads over one packet body (not the hot path); overruns are malformed."""
+
+    __slots__ = ("_data", "_pos")
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._pos = 0
+
+    def at_end(self) -> bool:
+        return self._pos == len(self._data)
+
+    def take(self, n: int, what: str) -> bytes:
+        pos = self._pos
+        if pos + n > len(self._data):
+            raise _truncated(what)
+        self._pos = pos + n
+        return self._data[pos : pos + n]
+
+    def rest(self) -> bytes:
+        data = self._data[self._pos :]
+        self._pos = len(self._data)
+        return data
+
+    def u8(self, what: str) -> int:
+        return self.take(1, what)[0]
+
+    def u16(self, what: str) -> int:
+        value: int = _U16.unpack(self.take(2, what))[0]
+        return value
+
+    def binary(self, what: str) -> bytes:
+        """Binary data: a two-byte length, then that many bytes (1.5.3, 3.1.3.4)."""
+        return self.take(self.u16(what), what)
+
+    def string(self, what: str) -> str:
+        return _decode_utf8(self.binary(what))
+
+    def packet_id(self) -> int:
+        packet_id = self.u16("packet identifier")
+        if packet_id == 0:
+            raise MalformedPacket("MQTT-2.3.1-1", "packet identifier must be non-zero")
+        return packet_id
+
+
+def _decode_connect(r: _Reader) -> Connect:
+    name = r.string("protocol name")
+    level = r.u8("protocol level")
+    _check_protocol(name, level)
+    flags = r.u8("connect flags")
+    _check_connect_flags(flags)
+    keep_alive = r.u16("keep alive")
+    client_id = r.string("client identifier")
+    will = _read_will(r, flags) if flags & 0x04 else None
+    username = r.string("user name") if flags & 0x80 else None
+    password = r.binary("password") if flags & 0x40 else None
+    if not r.at_end():
+        raise MalformedPacket("MQTT-3.1.3-1", "bytes after the last CONNECT payload field")
+    return Connect(client_id, bool(flags & 0x02), keep_alive, username, password, will, name, level)
+
+
+def _check_protocol(name: str, level: int) -> None:
+    expected = SUPPORTED_PROTOCOLS.get(name)
+    if expected is None:
+        raise ProtocolError("MQTT-3.1.2-1", f"unsupported protocol name {name!r}")
+    if level != expected:
+        raise ConnectRefused(1, "MQTT-3.1.2-2", f"unsupported protocol level {level} for {name}")
+
+
+def _check_connect_flags(flags: int) -> None:
+    if flags & 0x01:
+        raise MalformedPacket("MQTT-3.1.2-3", "reserved CONNECT flag must be 0")
+    will_qos = (flags >> 3) & 0x03
+    if not flags & 0x04:
+        if will_qos:
+            raise MalformedPacket("MQTT-3.1.2-13", "will QoS must be 0 without a will")
+        if flags & 0x20:
+            raise MalformedPacket("MQTT-3.1.2-15", "will retain must be 0 without a will")
+    elif will_qos == 3:
+        raise MalformedPacket("MQTT-3.1.2-14", "will QoS must not be 3")
+    if flags & 0xC0 == 0x40:
+        raise MalformedPacket("MQTT-3.1.2-22", "password flag set without user name flag")
+
+
+def _read_will(r: _Reader, flags: int) -> Will:
+    topic = _check_topic_name(r.string("will topic"))
+    payload = r.binary("will message")
+    return Will(topic, payload, (flags >> 3) & 0x03, bool(flags & 0x20))
+
+
+def _decode_connack(r: _Reader) -> Connack:
+    ack_flags = r.u8("connect acknowledge flags")
+    if ack_flags & 0xFE:
+        raise MalformedPacket("MQTT-3.2.2.1", "reserved connect acknowledge flags must be 0")
+    return_code = r.u8("return code")
+    if return_code > 5:
+        raise MalformedPacket("MQTT-3.2.2.3", f"reserved CONNACK return code {return_code}")
+    return Connack(bool(ack_flags), return_code)
+
+
+def _decode_subscribe(r: _Reader) -> Subscribe:
+    packet_id = r.packet_id()
+    topics: list[tuple[str, int]] = []
+    while not r.at_end():
+        topic_filter = r.string("topic filter")
+        qos = r.u8("requested QoS")
+        if qos > 2:
+            raise MalformedPacket("MQTT-3-8.3-4", f"invalid requested QoS byte {qos:#04x}")
+        topics.append((topic_filter, qos))
+    if not topics:
+        raise MalformedPacket("MQTT-3.8.3-3", "SUBSCRIBE must carry at least one topic filter")
+    return Subscribe(packet_id, tuple(topics))
+
+
+def _decode_suback(r: _Reader) -> Suback:
+    packet_id = r.packet_id()
+    codes = tuple(r.rest())
+    if not codes:
+        raise MalformedPacket("MQTT-3.9.3", "SUBACK must carry at least one return code")
+    if not _SUBACK_CODES.issuperset(codes):
+        raise MalformedPacket("MQTT-3.9.3-2", "reserved SUBACK return code")
+    return Suback(packet_id, codes)
+
+
+def _decode_unsubscribe(r: _Reader) -> Unsubscribe:
+    packet_id = r.packet_id()
+    topics: list[str] = []
+    while not r.at_end():
+        topics.append(r.string("topic filter"))
+    if not topics:
+        raise MalformedPacket("MQTT-3.10.3-2", "UNSUBSCRIBE must carry at least one topic filter")
+    return Unsubscribe(packet_id, tuple(topics))
+
+
+_BODY_DECODERS: Final[dict[int, Callable[[_Reader], Packet]]] = {
+    PacketType.CONNECT: _decode_connect,
+    PacketType.CONNACK: _decode_connack,
+    PacketType.PUBACK: lambda r: Puback(r.packet_id()),
+    PacketType.PUBREC: lambda r: Pubrec(r.packet_id()),
+    PacketType.PUBREL: lambda r: Pubrel(r.packet_id()),
+    PacketType.PUBCOMP: lambda r: Pubcomp(r.packet_id()),
+    PacketType.SUBSCRIBE: _decode_subscribe,
+    PacketType.SUBACK: _decode_suback,
+    PacketType.UNSUBSCRIBE: _decode_unsubscribe,
+    PacketType.UNSUBACK: lambda r: Unsuback(r.packet_id()),
+    PacketType.PINGREQ: lambda r: Pingreq(),
+    PacketType.PINGRESP: lambda r: Pingresp(),
+    PacketType.DISCONNECT: lambda r: Disconnect(),
+}
+"""Body decoders for every type but PUBLISH; exact lengths were checked with the header."""
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding
+
+
+def _remaining_length(n: int) -> bytes:
+    """The variable length encoding of ``n`` (2.2.3)."""
+    if n < 0x80:
+        return _SMALL_LENGTHS[n]
+    if n > MAX_PACKET_SIZE:
+        raise ValueError(f"remaining length {n} exceeds {MAX_PACKET_SIZE}")
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_LENGTHS: Final = tuple(bytes((n,)) for n in range(0x80))
+
+
+def _packet(first: int, body: bytes) -> bytes:
+    return b"".join((bytes((first,)), _remaining_length(len(body)), body))
+
+
+def _binary(data: bytes) -> bytes:
+    if len(data) > 0xFFFF:
+        raise ValueError(f"field of {len(data)} bytes exceeds 65535")
+    return _U16.pack(len(data)) + data
+
+
+def _string(text: str) -> bytes:
+    return _binary(text.encode("utf-8"))
+
+
+def _publish_head(topic: bytes, body_size: int, first: int) -> bytes:
+    """Fixed header and topic name; ``body_size`` counts the packet id and payload too."""
+    if len(topic) > 0xFFFF:
+        raise ValueError(f"topic of {len(topic)} bytes exceeds 65535")
+    return b"".join(
+        (
+            bytes((first,)),
+            _remaining_length(2 + len(topic) + body_size),
+            _U16.pack(len(topic)),
+            topic,
+        )
+    )
+
+
+def _publish_first_byte(qos: int, dup: bool, retain: bool) -> int:
+    if not 0 <= qos <= 2:
+        raise ValueError(f"invalid QoS {qos}")
+    return 0x30 | (0x08 if dup else 0) | (qos << 1) | (0x01 if retain else 0)
+
+
+def encode_publish(
+    topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None
+) -> bytes:
+    """One PUBLISH packet; ``packet_id`` must be given exactly when ``qos > 0``."""
+    if (packet_id is None) != (qos == 0):
+        raise ValueError("a PUBLISH carries a packet identifier exactly when QoS > 0")
+    first = _publish_first_byte(qos, dup, retain)
+    if packet_id is None:
+        return _publish_head(topic.encode("utf-8"), len(payload), first) + payload
+    head = _publish_head(topic.encode("utf-8"), 2 + len(payload), first)
+    return b"".join((head, _U16.pack(packet_id), payload))
+
+
+class PublishTemplate:
+    """One application message pre-encoded at one QoS, for delivery to many subscribers.
+
+    ``to_bytes`` varies only what differs per subscriber: the packet identifier and the DUP and
+    RETAIN flags.  The four fixed header + topic name prefixes are encoded up front.  The usual
+    QoS 0 packet (not retained) is encoded once and returned without copying; any other packet
+    is one join of prefix, packet identifier and payload.
+    """
+
+    __slots__ = ("_heads", "_payload", "_plain", "qos")
+
+    def __init__(self, topic: str, payload: bytes, qos: int) -> None:
+        topic_bytes = topic.encode("utf-8")
+        body_size = len(payload) + (2 if qos else 0)
+        self.qos = qos
+        self._payload = payload
+        self._heads = tuple(
+            _publish_head(topic_bytes, body_size, _publish_first_byte(qos, dup, retain))
+            for dup in (False, True)
+            for retain in (False, True)
+        )
+        self._plain = b"" if qos else self._heads[0] + payload
+
+    def to_bytes(self, packet_id: int | None, dup: bool = False, retain: bool = False) -> bytes:
+        """The PUBLISH for one subscriber; ``packet_id`` is given exactly when QoS > 0."""
+        if packet_id is None:
+            if self.qos or dup:
+                raise ValueError("QoS > 0 needs a packet identifier; QoS 0 cannot be DUP")
+            return self._heads[1] + self._payload if retain else self._plain
+        if not self.qos:
+            raise ValueError("a QoS 0 PUBLISH carries no packet identifier")
+        head = self._heads[(2 if dup else 0) | (1 if retain else 0)]
+        return b"".join((head, _U16.pack(packet_id), self._payload))
+
+
+def _encode_connect(p: Connect) -> bytes:
+    flags = 0x02 if p.clean_session else 0
+    parts = [_string(p.client_id)]
+    if p.will is not None:
+        flags |= 0x04 | (p.will.qos << 3) | (0x20 if p.will.retain else 0)
+        parts += (_string(p.will.topic), _binary(p.will.payload))
+    if p.username is not None:
+        flags |= 0x80
+        parts.append(_string(p.username))
+    if p.password is not None:
+        flags |= 0x40
+        parts.append(_binary(p.password))
+    variable = _string(p.protocol_name) + bytes((p.protocol_level, flags)) + _U16.pack(p.keep_alive)
+    return _packet(0x10, variable + b"".join(parts))
+
+
+def _encode_subscribe(p: Subscribe) -> bytes:
+    body = b"".join(_string(topic) + bytes((qos,)) for topic, qos in p.topics)
+    return _packet(0x82, _U16.pack(p.packet_id) + body)
+
+
+def _encode_unsubscribe(p: Unsubscribe) -> bytes:
+    return _packet(0xA2, _U16.pack(p.packet_id) + b"".join(_string(t) for t in p.topics))
+
+
+def _encode_ack(first: int) -> Callable[[Puback | Pubrec | Pubrel | Pubcomp | Unsuback], bytes]:
+    prefix = bytes((first, 2))
+    return lambda p: prefix + _U16.pack(p.packet_id)
+
+
+def _encode_publish(p: Publish) -> bytes:
+    return encode_publish(p.topic, p.payload, p.qos, p.retain, p.dup, p.packet_id)
+
+
+def _encode_connack(p: Connack) -> bytes:
+    return bytes((0x20, 2, 1 if p.session_present else 0, p.return_code))
+
+
+def _encode_suback(p: Suback) -> bytes:
+    return _packet(0x90, _U16.pack(p.packet_id) + bytes(p.return_codes))
+
+
+_ENCODERS: Final[dict[type, Callable[[Any], bytes]]] = {
+    Connect: _encode_connect,
+    Connack: _encode_connack,
+    Publish: _encode_publish,
+    Puback: _encode_ack(0x40),
+    Pubrec: _encode_ack(0x50),
+    Pubrel: _encode_ack(0x62),
+    Pubcomp: _encode_ack(0x70),
+    Subscribe: _encode_subscribe,
+    Suback: _encode_suback,
+    Unsubscribe: _encode_unsubscribe,
+    Unsuback: _encode_ack(0xB0),
+    Pingreq: lambda p: b"\xc0\x00",
+    Pingresp: lambda p: b"\xd0\x00",
+    Disconnect: lambda p: b"\xe0\x00",
+}
+
+
+def encode(packet: Packet) -> bytes:
+    """The wire bytes of any MQTT 3.1.1 control packet."""
+    return _ENCODERS[type(packet)](packet)

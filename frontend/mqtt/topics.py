@@ -1,0 +1,114 @@
+"""Topic names, topic filters and how they match (MQTT 3.1.1 section 4.7).
+
+A topic is a sequence of levels separated by ``/``; an empty level is a level too, so ``/a``
+has the two levels ``""`` and ``"a"``.  Invariants this module enforces:
+
+* a topic name (PUBLISH) is non-empty, has no ``+`` or ``#``, no U+0000, and encodes to at most
+  65535 UTF-8 bytes;
+* a topic filter (SUBSCRIBE, UNSUBSCRIBE) obeys the same rules except that ``+`` may occupy a
+  whole level and ``#`` may occupy only the last level;
+* a filter whose first level is a wildcard never matches a topic starting with ``$``
+  [MQTT-4.7.2-1].
+
+Shared subscriptions (``$share/<group>/<filter>``) are not part of MQTT 3.1.1; Headwater accepts
+them as MQTT 5.0 defines them (section 4.8.2).  Any filter starting with ``$share/`` is shared:
+either it parses into a non-empty group free of ``+``, ``#`` and ``/`` followed by a valid
+filter, or it is malformed.  :func:`matches` takes plain filters only; strip the prefix first.
+
+Well-formed UTF-8 (no surrogates) is the decoder's job [MQTT-1.5.3-1]; this module sees ``str``.
+"""
+
+from __future__ import annotations
+
+from frontend.mqtt.errors import MalformedPacket
+
+MAX_TOPIC_BYTES = 65535
+SHARE_PREFIX = "$share/"
+_WILDCARDS = ("+", "#")
+# A code point encodes to at most 4 UTF-8 bytes: shorter strings need no encoding to check.
+_ALWAYS_SHORT = MAX_TOPIC_BYTES // 4
+
+
+def validate_topic_name(name: str) -> None:
+    """Raise :class:`MalformedPacket` unless ``name`` may be the topic of a PUBLISH."""
+    _check_string(name)
+    if "+" in name or "#" in name:
+        raise MalformedPacket("MQTT-3.3.2-2", "topic name must not contain wildcards")
+
+
+def is_valid_filter(filter: str) -> bool:
+    """Whether ``filter`` may appear in a SUBSCRIBE or UNSUBSCRIBE (shared form included)."""
+    try:
+        validate_topic_filter(filter)
+    except MalformedPacket:
+        return False
+    return True
+
+
+def validate_topic_filter(filter: str) -> None:
+    """Raise :class:`MalformedPacket`, citing the rule broken, unless ``filter`` is valid."""
+    _check_string(filter)
+    if filter.startswith(SHARE_PREFIX):
+        _check_shared(filter)
+    else:
+        _check_wildcards(filter)
+
+
+def parse_shared(filter: str) -> tuple[str, str] | None:
+    """``(group, real_filter)`` for a valid ``$share/<group>/<filter>``, otherwise ``None``."""
+    if not filter.startswith(SHARE_PREFIX) or not is_valid_filter(filter):
+        return None
+    group, _, real = filter[len(SHARE_PREFIX) :].partition("/")
+    return group, real
+
+
+def matches(filter: str, topic: str) -> bool:
+    """Whether the plain (non-shared) ``filter`` matches the topic name ``topic``.
+
+    The reference matcher, level by level: ``+`` matches exactly one level (possibly empty),
+    ``#`` matches the parent level and any number of levels below it.
+    """
+    levels = filter.split("/")
+    names = topic.split("/")
+    if topic.startswith("$") and levels[0] in _WILDCARDS:
+        return False  # [MQTT-4.7.2-1]
+    for i, level in enumerate(levels):
+        if level == "#":
+            return True
+        if i >= len(names) or (level != "+" and level != names[i]):
+            return False
+    return len(levels) == len(names)
+
+
+def _check_string(text: str) -> None:
+    if not text:
+        raise MalformedPacket("MQTT-4.7.3-1", "topic names and filters must not be empty")
+    if "\x00" in text:
+        raise MalformedPacket("MQTT-4.7.3-2", "topic names and filters must not contain U+0000")
+    if len(text) > _ALWAYS_SHORT and _utf8_length(text) > MAX_TOPIC_BYTES:
+        raise MalformedPacket("MQTT-4.7.3-3", "topic names and filters must fit in 65535 bytes")
+
+
+def _utf8_length(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _check_wildcards(filter: str) -> None:
+    levels = filter.split("/")
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != last):
+            raise MalformedPacket("MQTT-4.7.1-2", "'#' must be a whole level and the last one")
+        if "+" in level and level != "+":
+            raise MalformedPacket("MQTT-4.7.1-3", "'+' must occupy a whole level")
+
+
+def _check_shared(filter: str) -> None:
+    group, _, real = filter[len(SHARE_PREFIX) :].partition("/")
+    if not group:
+        raise MalformedPacket("MQTT-4.8.2-1", "a shared subscription needs a share name (MQTT 5)")
+    if "+" in group or "#" in group:
+        raise MalformedPacket("MQTT-4.8.2-2", "share name must not contain '+' or '#' (MQTT 5)")
+    if not real:
+        raise MalformedPacket("MQTT-4.8.2-2", "share name must be followed by '/' and a filter")
+    _check_wildcards(real)

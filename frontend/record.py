@@ -1,0 +1,162 @@
+"""The log record: one MQTT application message, Avro-encoded, as every front-end writes it.
+
+Framing is Avro's *single-object encoding*: the two bytes ``C3 01``, the 8-byte little-endian
+CRC-64-AVRO fingerprint of the schema's parsing canonical form, then the Avro binary datum.  Any
+Avro library can read it; Spark strips the 10-byte header and applies ``from_avro`` with
+``schemas/mqtt_message.avsc``.  A record whose header does not carry this schema's fingerprint is
+refused, so a schema change can never be misread silently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "mqtt_message.avsc"
+SCHEMA_JSON: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+_PARSED = fastavro.parse_schema(SCHEMA_JSON)
+FINGERPRINT: bytes = bytes.fromhex(fingerprint(to_parsing_canonical_form(_PARSED), "CRC-64-AVRO"))[
+    ::-1
+]
+"""The schema fingerprint, little-endian as single-object encoding puts it on the wire."""
+# The datum is written and read by hand below, in the schema's field order: for this one fixed
+# schema that is ~5x faster than fastavro's generic writer and reader (bench in the test suite
+# checks byte equality with fastavro, so the two can never drift).
+HEADER: bytes = b"\xc3\x01" + FINGERPRINT
+HEADER_SIZE = len(HEADER)
+
+
+_ID_PREFIX = os.urandom(8)
+_ID_COUNTER = itertools.count()
+"""Message ids: 8 random bytes per process, then a counter; unique without a uuid4 per message."""
+
+
+class RecordError(ValueError):
+    """A log record that is not a Headwater message of this schema."""
+
+
+@dataclass(slots=True)
+class Message:
+    """An application message as it travels through the log."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    client_id: str
+    origin_node: str
+    timestamp_ms: int
+    message_id: bytes
+
+    @classmethod
+    def create(
+        cls, topic: str, payload: bytes, qos: int, retain: bool, client_id: str, origin_node: str
+    ) -> Message:
+        """A new message received now, with a fresh id."""
+        message_id = _ID_PREFIX + next(_ID_COUNTER).to_bytes(8, "big")
+        now_ms = time.time_ns() // 1_000_000
+        return cls(topic, payload, qos, retain, client_id, origin_node, now_ms, message_id)
+
+
+def _varint(n: int) -> bytes:
+    """Avro's zig-zag variable-length encoding of a long."""
+    z = (n << 1) ^ (n >> 63)
+    if z < 0x80:
+        return _BYTE[z]
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+_BYTE = [bytes([i]) for i in range(256)]
+
+
+def encode(message: Message) -> bytes:
+    """The framed record value for ``message``: header, then the datum in field order."""
+    topic = message.topic.encode()
+    client = message.client_id.encode()
+    origin = message.origin_node.encode()
+    payload = message.payload
+    return b"".join((
+        HEADER,
+        message.message_id,
+        _varint(len(topic)), topic,
+        _varint(len(payload)), payload,
+        _varint(message.qos),
+        b"\x01" if message.retain else b"\x00",
+        _varint(len(client)), client,
+        _varint(len(origin)), origin,
+        _varint(message.timestamp_ms),
+    ))  # fmt: skip
+
+
+class _Cursor:
+    """Reads Avro primitives from a record value; any overrun is a :class:`RecordError`."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes, pos: int) -> None:
+        self.data = data
+        self.pos = pos
+
+    def long(self) -> int:
+        data, pos = self.data, self.pos
+        if pos < len(data) and data[pos] < 0x80:  # one-byte varint: lengths, QoS
+            self.pos = pos + 1
+            z = data[pos]
+            return (z >> 1) ^ -(z & 1)
+        shift, z = 0, 0
+        while True:
+            if pos >= len(data) or shift > 63:
+                raise RecordError("truncated or oversized varint")
+            byte = data[pos]
+            pos += 1
+            z |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+        self.pos = pos
+        return (z >> 1) ^ -(z & 1)
+
+    def raw(self, size: int) -> bytes:
+        end = self.pos + size
+        if size < 0 or end > len(self.data):
+            raise RecordError("truncated record")
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def text(self) -> str:
+        try:
+            return self.raw(self.long()).decode()
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"ill-formed string: {exc}") from exc
+
+
+def decode(value: bytes) -> Message:
+    """The message in a framed record value; :class:`RecordError` if it is not one."""
+    if value[:HEADER_SIZE] != HEADER:
+        raise RecordError("record does not carry the MqttMessage single-object header")
+    cur = _Cursor(value, HEADER_SIZE)
+    message_id = cur.raw(16)
+    topic = cur.text()
+    payload = cur.raw(cur.long())
+    qos = cur.long()
+    retain = cur.raw(1) == b"\x01"
+    client_id = cur.text()
+    origin = cur.text()
+    timestamp = cur.long()
+    if cur.pos != len(value):
+        raise RecordError("trailing bytes after the record")
+    return Message(topic, payload, qos, retain, client_id, origin, timestamp, message_id)

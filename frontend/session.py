@@ -1,0 +1,173 @@
+"""One client's MQTT session state (section 4.1), pure: no I/O, no clock.
+
+A session outlives connections when the client connected with cleanSession=0.  It holds:
+
+* ``subscriptions``: topic filter -> granted QoS;
+* ``inflight``: outbound QoS 1/2 messages sent but not completed, keyed by packet id, in the order
+  they were first sent (dict order), each either awaiting PUBACK/PUBREC (``released`` false) or,
+  for QoS 2, awaiting PUBCOMP after our PUBREL (``released`` true);
+* ``queue``: messages waiting for a free in-flight slot, or for an offline client to come back
+  (QoS 1/2 only: QoS 0 is not queued for a client that is away, as Mosquitto does by default);
+* ``awaiting_rel``: inbound QoS 2 packet ids whose PUBLISH went to the log but whose PUBREL has
+  not arrived, so a DUP resend is acknowledged again but never published twice [MQTT-4.3.3-2].
+
+Invariants: at most ``max_inflight`` messages are in flight; a packet id is in ``inflight`` at most
+once and never 0; ``queue`` holds at most ``max_queued`` messages, and when full a QoS 0 message is
+dropped before any QoS 1/2 one (``dropped`` counts every message lost that way).  Packet ids are
+allocated from 1 upwards in a new session and skip those still in use [MQTT-2.3.1-2].
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from frontend.mqtt.codec import PublishTemplate, encode
+from frontend.mqtt.packets import Pubrel
+from frontend.record import Message
+
+MAX_PACKET_ID = 65535
+
+
+@dataclass(slots=True)
+class Outbound:
+    """One application message on its way to this session's client."""
+
+    message: Message
+    qos: int
+    retain: bool
+    template: PublishTemplate
+    packet_id: int = 0
+    released: bool = False
+
+    def first_send(self) -> bytes:
+        return self.template.to_bytes(self.packet_id or None, False, self.retain)
+
+    def resend(self) -> bytes:
+        """The packet that resumes this message's flow after a reconnect [MQTT-4.4.0-1]."""
+        if self.released:
+            return encode(Pubrel(self.packet_id))
+        return self.template.to_bytes(self.packet_id, True, self.retain)
+
+
+class Session:
+    """The state of one client identifier's session."""
+
+    __slots__ = (
+        "_last_id",
+        "awaiting_rel",
+        "clean",
+        "client_id",
+        "dropped",
+        "inflight",
+        "max_inflight",
+        "max_queued",
+        "queue",
+        "subscriptions",
+    )
+
+    def __init__(
+        self, client_id: str, clean: bool, max_inflight: int = 20, max_queued: int = 1000
+    ) -> None:
+        self.client_id = client_id
+        self.clean = clean
+        self.max_inflight = max_inflight
+        self.max_queued = max_queued
+        self.subscriptions: dict[str, int] = {}
+        self.inflight: dict[int, Outbound] = {}
+        self.queue: deque[Outbound] = deque()
+        self.awaiting_rel: set[int] = set()
+        self.dropped = 0
+        self._last_id = 0
+
+    # -- outbound ---------------------------------------------------------------------------
+
+    def deliver(self, out: Outbound, online: bool) -> bytes | None:
+        """Take a message for the client: the bytes to send now, or None if it was queued."""
+        if not online:
+            if out.qos > 0:
+                self._enqueue(out)
+            else:
+                self.dropped += 1
+            return None
+        if out.qos == 0 and not self.queue:
+            return out.first_send()
+        if out.qos > 0 and not self.queue and len(self.inflight) < self.max_inflight:
+            return self._send_inflight(out)
+        self._enqueue(out)
+        return None
+
+    def puback(self, packet_id: int) -> list[bytes]:
+        """A PUBACK from the client completes a QoS 1 flow; frees a slot for queued messages."""
+        out = self.inflight.get(packet_id)
+        if out is not None and out.qos == 1:
+            del self.inflight[packet_id]
+        return self.drain()
+
+    def pubrec(self, packet_id: int) -> bytes:
+        """A PUBREC from the client: answer PUBREL and await PUBCOMP [MQTT-4.3.3-1]."""
+        out = self.inflight.get(packet_id)
+        if out is not None and out.qos == 2:
+            out.released = True
+        return encode(Pubrel(packet_id))
+
+    def pubcomp(self, packet_id: int) -> list[bytes]:
+        out = self.inflight.get(packet_id)
+        if out is not None and out.qos == 2 and out.released:
+            del self.inflight[packet_id]
+        return self.drain()
+
+    def drain(self) -> list[bytes]:
+        """Send queued messages while the in-flight window has room."""
+        sent: list[bytes] = []
+        while self.queue:
+            head = self.queue[0]
+            if head.qos > 0 and len(self.inflight) >= self.max_inflight:
+                break
+            self.queue.popleft()
+            sent.append(self._send_inflight(head) if head.qos > 0 else head.first_send())
+        return sent
+
+    def resume(self) -> list[bytes]:
+        """What a resumed session sends first: every in-flight message again, DUP=1, in order."""
+        return [out.resend() for out in self.inflight.values()] + self.drain()
+
+    def _send_inflight(self, out: Outbound) -> bytes:
+        out.packet_id = self._allocate_id()
+        self.inflight[out.packet_id] = out
+        return out.first_send()
+
+    def _enqueue(self, out: Outbound) -> None:
+        if len(self.queue) >= self.max_queued and not self._evict_qos0():
+            self.dropped += 1
+            return
+        self.queue.append(out)
+
+    def _evict_qos0(self) -> bool:
+        for i, queued in enumerate(self.queue):
+            if queued.qos == 0:
+                del self.queue[i]
+                self.dropped += 1
+                return True
+        return False
+
+    def _allocate_id(self) -> int:
+        candidate = self._last_id
+        for _ in range(MAX_PACKET_ID):
+            candidate = candidate % MAX_PACKET_ID + 1
+            if candidate not in self.inflight:
+                self._last_id = candidate
+                return candidate
+        raise RuntimeError("no free packet identifier")  # max_inflight < 65535 prevents this
+
+    # -- inbound QoS 2 ----------------------------------------------------------------------
+
+    def receive_qos2(self, packet_id: int) -> bool:
+        """Record an inbound QoS 2 PUBLISH; False if it is a resend to acknowledge only."""
+        if packet_id in self.awaiting_rel:
+            return False
+        self.awaiting_rel.add(packet_id)
+        return True
+
+    def release_qos2(self, packet_id: int) -> None:
+        self.awaiting_rel.discard(packet_id)

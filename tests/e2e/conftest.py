@@ -1,0 +1,58 @@
+"""End-to-end fixtures: front-end nodes running in the test's event loop on ephemeral ports,
+each test on a log topic of its own in the real Kafka."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from frontend.mqtt.channel import Limits
+from frontend.server import Node, NodeConfig
+from headwater.services.kafka_admin import ensure_topic
+
+PARTITIONS = 4
+
+NodeFactory = Callable[..., Awaitable[Node]]
+
+
+@pytest.fixture
+def log_topic(kafka_bootstrap: str) -> str:
+    name = f"test.{uuid.uuid4().hex[:12]}"
+    ensure_topic(kafka_bootstrap, name, PARTITIONS, {})
+    return name
+
+
+@pytest.fixture
+async def start_node(kafka_bootstrap: str, log_topic: str) -> AsyncIterator[NodeFactory]:
+    nodes: list[Node] = []
+
+    async def start(node_id: str | None = None, **overrides: object) -> Node:
+        config = NodeConfig(
+            node_id=node_id or f"node{len(nodes) + 1}",
+            host="127.0.0.1",
+            port=0,
+            kafka_bootstrap=kafka_bootstrap,
+            redis_url=None,
+            topic=log_topic,
+            partitions=PARTITIONS,
+        )
+        for key, value in overrides.items():
+            setattr(config, key, value)
+        node = Node(config)
+        await node.start()
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        await node.stop()
+
+
+@pytest.fixture
+async def node(start_node: NodeFactory) -> Node:
+    return await start_node()
+
+
+__all__ = ["Limits"]

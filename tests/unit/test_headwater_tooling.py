@@ -1,0 +1,260 @@
+"""Headwater's tooling without real services: generated configs, settings, ports, processes, CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from headwater import cli
+from headwater.devcluster.state import (
+    ClusterState,
+    ProcessRecord,
+    read_state,
+    remove_state,
+    write_state,
+)
+from headwater.errors import MissingProgramError, ServiceError, SettingError
+from headwater.services.haproxy import Server, render_config
+from headwater.services.java import java_major_version, require_java
+from headwater.services.kafka import KafkaPorts, new_cluster_id, render_server_properties
+from headwater.services.ports import ensure_port_free, free_port, port_accepts
+from headwater.services.process import ChildProcess, ProcessIdentity, find_program
+from headwater.services.readiness import wait_until
+from headwater.services.redis_server import redact
+from headwater.settings import external_kafka_bootstrap, external_redis_url, mqtt_port
+from headwater.topics import MESSAGES_TOPIC, project_topics
+
+
+def _properties(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if line)
+
+
+def test_kafka_config_is_a_loopback_kraft_single_node(tmp_path: Path) -> None:
+    props = _properties(render_server_properties(tmp_path, KafkaPorts(9001, 9002)))
+    assert props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:9002"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9001,CONTROLLER://127.0.0.1:9002"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:9001"
+    assert props["auto.create.topics.enable"] == "false"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+    assert props["offsets.topic.replication.factor"] == "1"
+    assert props["transaction.state.log.replication.factor"] == "1"
+    assert props["log.dirs"] == str(tmp_path)
+
+
+def test_cluster_ids_are_22_url_safe_characters() -> None:
+    ids = {new_cluster_id() for _ in range(50)}
+    assert len(ids) == 50
+    assert all(len(i) == 22 and "=" not in i and "/" not in i and "+" not in i for i in ids)
+
+
+def test_haproxy_config_balances_leastconn_with_long_timeouts() -> None:
+    config = render_config(
+        18830, [Server("node0", "127.0.0.1", 4000), Server("node1", "127.0.0.1", 4001)]
+    )
+    assert "    bind 127.0.0.1:18830" in config
+    assert "    mode tcp" in config
+    assert "    balance leastconn" in config
+    assert "    timeout client 1h" in config and "    timeout server 1h" in config
+    assert "    server node0 127.0.0.1:4000" in config
+    assert "    server node1 127.0.0.1:4001" in config
+    assert "check" in config
+
+
+@pytest.mark.skipif(find_program("haproxy") is None, reason="haproxy is not installed")
+@pytest.mark.parametrize("nodes", [0, 3])
+def test_haproxy_accepts_the_generated_config(tmp_path: Path, nodes: int) -> None:
+    servers = [Server(f"node{i}", "127.0.0.1", 4000 + i) for i in range(nodes)]
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(render_config(free_port(), servers))
+    haproxy = find_program("haproxy")
+    assert haproxy is not None
+    result = subprocess.run([haproxy, "-c", "-f", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_messages_topic_is_named_once() -> None:
+    (topic,) = project_topics(6)
+    assert topic.name == MESSAGES_TOPIC == "headwater.messages"
+    assert topic.partitions == 6
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_empty_external_settings_mean_local(value: str) -> None:
+    env = {"HEADWATER_KAFKA_BOOTSTRAP": value, "HEADWATER_REDIS_URL": value}
+    assert external_kafka_bootstrap(env) is None
+    assert external_redis_url(env) is None
+
+
+def test_external_settings_are_validated() -> None:
+    assert external_kafka_bootstrap({"HEADWATER_KAFKA_BOOTSTRAP": "a:1,b:2"}) == "a:1,b:2"
+    with pytest.raises(SettingError, match="HEADWATER_KAFKA_BOOTSTRAP: expected host:port"):
+        external_kafka_bootstrap({"HEADWATER_KAFKA_BOOTSTRAP": "a:1,b"})
+    with pytest.raises(SettingError, match="HEADWATER_REDIS_URL: expected a redis:// URL"):
+        external_redis_url({"HEADWATER_REDIS_URL": "localhost:6379"})
+
+
+def test_mqtt_port_prefers_the_flag_then_the_environment() -> None:
+    assert mqtt_port(None, {}) == 1883
+    assert mqtt_port(None, {"HEADWATER_PORT": "2883"}) == 2883
+    assert mqtt_port(3883, {"HEADWATER_PORT": "2883"}) == 3883
+    with pytest.raises(SettingError, match=r"HEADWATER_PORT: port must be in 1\.\.65535"):
+        mqtt_port(None, {"HEADWATER_PORT": "70000"})
+    with pytest.raises(SettingError, match=r"--port: port must be in 1\.\.65535"):
+        mqtt_port(0, {})
+
+
+def test_a_taken_port_is_refused_with_its_setting() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        assert port_accepts(port)
+        with pytest.raises(SettingError) as caught:
+            ensure_port_free(port, "--port / HEADWATER_PORT")
+    assert str(caught.value) == (
+        f"port 127.0.0.1:{port} is already in use (setting --port / HEADWATER_PORT)"
+    )
+    ensure_port_free(free_port(), "--port")
+
+
+def test_redact_hides_passwords() -> None:
+    assert redact("redis://:s3cret@host:6379/0") == "redis://:***@host:6379/0"
+    assert redact("redis://user:s3cret@host/0") == "redis://user:***@host/0"
+    assert redact("redis://host:6379/0") == "redis://host:6379/0"
+
+
+def _fake_java(tmp_path: Path, version_line: str) -> str:
+    java = tmp_path / "java"
+    java.write_text(f"#!/bin/sh\necho '{version_line}' >&2\n")
+    java.chmod(0o755)
+    return str(java)
+
+
+@pytest.mark.parametrize(
+    ("line", "major"),
+    [
+        ('openjdk version "17.0.15" 2025-04-15', 17),
+        ('openjdk version "21" 2023-09-19', 21),
+        ('java version "1.8.0_392"', 8),
+        ("no version here", None),
+    ],
+)
+def test_java_version_is_read(tmp_path: Path, line: str, major: int | None) -> None:
+    assert java_major_version(_fake_java(tmp_path, line)) == major
+
+
+def test_old_java_is_refused(tmp_path: Path) -> None:
+    _fake_java(tmp_path, 'java version "1.8.0_392"')
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "java").symlink_to(tmp_path / "java")
+    with pytest.raises(MissingProgramError, match=r"Java 17\+ is required.*found Java 8"):
+        require_java({"JAVA_HOME": str(tmp_path)})
+
+
+def test_missing_java_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(MissingProgramError) as caught:
+        require_java({})
+    assert str(caught.value) == (
+        "Java 17+ is required to run the local Kafka: "
+        "install openjdk-17-jre-headless or set HEADWATER_KAFKA_BOOTSTRAP"
+    )
+
+
+def test_state_file_round_trips(tmp_path: Path) -> None:
+    state = ClusterState(
+        parent=ProcessRecord("up", 10, 100),
+        children=[ProcessRecord("kafka", 11, 101, "/tmp/kafka.log")],
+        endpoints={"mqtt": "127.0.0.1:1"},
+    )
+    assert read_state(tmp_path) is None
+    write_state(tmp_path, state)
+    assert read_state(tmp_path) == state
+    remove_state(tmp_path)
+    assert read_state(tmp_path) is None
+
+
+def test_a_corrupt_state_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "headwater.json").write_text("{")
+    with pytest.raises(ServiceError, match=r"headwater\.json is unreadable"):
+        read_state(tmp_path)
+
+
+def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
+    child = ChildProcess.spawn(
+        "sleeper",
+        ["sh", "-c", "sleep 300 & echo $! > grandchild; wait"],
+        tmp_path / "log",
+        cwd=tmp_path,
+    )
+    wait_until(lambda: (tmp_path / "grandchild").exists(), what="grandchild", timeout=10)
+    time.sleep(0.1)
+    grandchild = ProcessIdentity.of(int((tmp_path / "grandchild").read_text()))
+    assert child.identity.alive() and grandchild.alive()
+    child.stop(timeout=5)
+    assert child.poll() is not None
+    assert not child.identity.alive()
+    assert not grandchild.alive()
+
+
+def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
+    child = ChildProcess.spawn(
+        "stubborn",
+        ["sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.1; done"],
+        tmp_path / "log",
+    )
+    wait_until(lambda: "up" in child.log_tail(), what="stubborn", timeout=10)
+    started = time.monotonic()
+    child.stop(timeout=0.5)
+    assert child.poll() == -signal.SIGKILL
+    assert time.monotonic() - started < 5
+
+
+def test_waiting_on_a_dead_child_reports_its_log(tmp_path: Path) -> None:
+    child = ChildProcess.spawn("doomed", ["sh", "-c", "echo boom; exit 3"], tmp_path / "log")
+    with pytest.raises(ServiceError, match=r"(?s)doomed exited with code 3.*boom"):
+        wait_until(lambda: False, what="doomed", timeout=10, child=child)
+
+
+def test_a_recorded_pid_with_another_start_time_is_not_ours() -> None:
+    me = ProcessIdentity.of(os.getpid())
+    assert me.alive()
+    assert me.start_ticks is not None
+    assert not ProcessIdentity(os.getpid(), me.start_ticks + 1).alive()
+
+
+def test_cli_hands_frontend_arguments_over_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 7
+
+    monkeypatch.setitem(sys.modules, "frontend.server", types.SimpleNamespace(main=fake_main))
+    assert cli.main(["frontend", "--node-id", "n1", "--listen", "127.0.0.1:1"]) == 7
+    assert seen == [["--node-id", "n1", "--listen", "127.0.0.1:1"]]
+
+
+def test_cli_errors_are_one_line_without_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HEADWATER_KAFKA_BOOTSTRAP", "bad")
+    code = cli.main(["dev", "up", "--nodes", "0", "--port", str(free_port()),
+                     "--state-dir", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err == "headwater: error: HEADWATER_KAFKA_BOOTSTRAP: expected host:port, got 'bad'\n"
+
+
+def test_dev_down_without_a_cluster_is_harmless(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["dev", "down", "--state-dir", str(tmp_path)]) == 0
+    assert "no dev cluster recorded" in capsys.readouterr().out
