@@ -19,15 +19,18 @@ reaches a client once, at the highest QoS its matching subscriptions granted [MQ
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from frontend.log import KafkaLog, Record
+from frontend.mqtt import topics
 from frontend.mqtt.codec import PublishTemplate
 from frontend.record import Message
 from frontend.session import Outbound, Session
+from frontend.shared import ShareGroup
 from frontend.trie import SubscriptionTrie
 from router.interest import InterestTable
 from router.partitioner import Router
@@ -81,6 +84,8 @@ class Broker:
         self._interest = InterestTable()
         self._clients: dict[str, _Client] = {}
         self._starts: dict[SubKey, dict[int, int]] = {}
+        self._shares: dict[tuple[str, str], ShareGroup] = {}
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -106,8 +111,9 @@ class Broker:
         if client is None or client.subscriber is not subscriber:
             return  # already taken over by a newer connection
         if session.clean:
-            self._drop_subscriptions(session.client_id, list(session.subscriptions))
             del self._clients[session.client_id]
+            self._drop_subscriptions(session.client_id, list(session.subscriptions))
+            self._hand_over_shared(session)
         else:
             client.subscriber = None
 
@@ -120,6 +126,7 @@ class Broker:
         client = self._clients.pop(client_id, None)
         if client is not None:
             self._drop_subscriptions(client_id, list(client.session.subscriptions))
+            self._hand_over_shared(client.session)
 
     @property
     def client_count(self) -> int:
@@ -134,6 +141,11 @@ class Broker:
         client = self._clients[session.client_id]
         new: list[str] = []
         for topic_filter, qos in requests:
+            shared = topics.parse_shared(topic_filter)
+            if shared is not None:
+                session.subscriptions[topic_filter] = qos
+                await self._join_share(shared, session.client_id, qos)
+                continue
             fresh = topic_filter not in session.subscriptions
             session.subscriptions[topic_filter] = qos  # a re-subscribe replaces QoS [MQTT-3.8.4-3]
             self._trie.add(topic_filter, (session.client_id, topic_filter), qos)
@@ -177,6 +189,10 @@ class Broker:
 
     def _drop_subscriptions(self, client_id: str, filters: list[str]) -> None:
         for topic_filter in filters:
+            shared = topics.parse_shared(topic_filter)
+            if shared is not None:
+                self._leave_share(shared, client_id)
+                continue
             key = (client_id, topic_filter)
             if self._trie.remove(topic_filter, key):
                 self._starts.pop(key, None)
@@ -185,6 +201,59 @@ class Broker:
 
     def _partitions_of(self, filters: list[str]) -> list[frozenset[int]]:
         return [self.router.partitions_for_filter(f) for f in filters]
+
+    # -- shared subscriptions -----------------------------------------------------------------
+
+    async def _join_share(self, shared: tuple[str, str], client_id: str, qos: int) -> None:
+        group = self._shares.get(shared)
+        if group is None:
+            wanted = self.router.partitions_for_filter(shared[1])
+            group = ShareGroup(self.log.settings, *shared, wanted, self._deliver_shared)
+            self._shares[shared] = group
+            group.start_offsets = await self.log.high_watermarks(wanted)
+            group.start()
+        group.members[client_id] = qos
+
+    def _leave_share(self, shared: tuple[str, str], client_id: str) -> None:
+        group = self._shares.get(shared)
+        if group is None or group.members.pop(client_id, None) is None:
+            return
+        if not group.members:
+            del self._shares[shared]
+            self._run_in_background(group.stop())
+
+    def _deliver_shared(self, group: ShareGroup, rec: Record, skip: str | None = None) -> None:
+        member = group.next_member(skip)
+        if member is None:
+            return  # nobody left here: stays uncommitted for the partition's next owner
+        message = rec.message
+        qos = min(group.members[member], message.qos)
+        out = Outbound(message, qos, False, template_for(message, qos, {}))
+        out.on_done = lambda: group.finished(rec)
+        out.redeliver = lambda: self._deliver_shared(group, rec, skip=member)
+        self._deliver(member, out)
+
+    def _hand_over_shared(self, session: Session) -> None:
+        """A departing member's unacknowledged shared messages go to another member."""
+        for out in session.unfinished():
+            if out.redeliver is not None:
+                out.redeliver()
+
+    def _run_in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def share_group(self, group: str, topic_filter: str) -> ShareGroup | None:
+        return self._shares.get((group, topic_filter))
+
+    def share_names(self) -> list[str]:
+        return [f"$share/{g}/{f}" for g, f in self._shares]
+
+    async def stop(self) -> None:
+        for group in list(self._shares.values()):
+            await group.stop()
+        self._shares.clear()
 
     # -- dispatch -----------------------------------------------------------------------------
 

@@ -41,6 +41,22 @@ DeliveryCallback = Callable[[int, int, str | None], None]
 """Called in the event loop with (partition, offset, error); error is None once durable."""
 
 
+_TRANSIENT = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+})  # fmt: skip
+"""Errors a leader election or a moment's outage explains: worth asking again."""
+
+
+def _transient(exc: KafkaException) -> bool:
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and (error.retriable() or error.code() in _TRANSIENT)
+
+
 @dataclass(slots=True, frozen=True)
 class Record:
     """A message read back from the log, with its place in it."""
@@ -183,10 +199,10 @@ class KafkaLog:
         partition = self.router.partition_for_topic(message.topic)
         callback: Any = None
         if on_delivery is not None:
-            reports = self._reports
 
             def callback(err: KafkaError | None, msg: Any) -> None:
-                reports.append(
+                # Runs in the poll thread, which also swaps the list: look it up each time.
+                self._reports.append(
                     (on_delivery, msg.partition(), msg.offset(), err.str() if err else None)
                 )
 
@@ -254,8 +270,7 @@ class KafkaLog:
             try:
                 return await self._list_offsets(wanted)
             except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if not (isinstance(error, KafkaError) and error.retriable()) or attempt == 49:
+                if not _transient(exc) or attempt == 49:
                     raise
             await asyncio.sleep(0.1)
         raise AssertionError("unreachable")
@@ -288,7 +303,7 @@ class KafkaLog:
 
     def unassign(self, partitions: Iterable[int]) -> None:
         """Stop reading these partitions."""
-        gone = [TopicPartition(self.settings.topic, p) for p in partitions]
+        gone = [TopicPartition(self.settings.topic, p) for p in partitions if p in self._assigned]
         if gone:
             for tp in gone:
                 self._assigned.pop(tp.partition, None)
@@ -297,12 +312,23 @@ class KafkaLog:
     def assigned(self) -> list[int]:
         return sorted(self._assigned)
 
-    async def positions(self) -> dict[int, int]:
-        """The consumer's next offset per assigned partition (Kafka's own view)."""
+    async def positions(self) -> dict[int, tuple[int, int]]:
+        """Per assigned partition, Kafka's own view: (consumer position, high watermark).
+
+        The watermark is the one the last fetch response carried; their difference is the lag.
+        A position of -1001 means nothing was fetched yet (the assigned offset still applies)."""
         tps = [TopicPartition(self.settings.topic, p) for p in self._assigned]
-        answer: concurrent.futures.Future[list[TopicPartition]] = concurrent.futures.Future()
-        self._commands.put(lambda consumer: answer.set_result(consumer.position(tps)))
-        return {tp.partition: tp.offset for tp in await asyncio.wrap_future(answer)}
+        answer: concurrent.futures.Future[dict[int, tuple[int, int]]] = concurrent.futures.Future()
+
+        def ask(consumer: Consumer) -> None:
+            found = {}
+            for tp in consumer.position(tps):
+                _, high = consumer.get_watermark_offsets(tp, cached=True)
+                found[tp.partition] = (tp.offset, high)
+            answer.set_result(found)
+
+        self._commands.put(ask)
+        return await asyncio.wrap_future(answer)
 
     def _consume(self) -> None:
         assert self._consumer is not None and self._loop is not None

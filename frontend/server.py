@@ -28,6 +28,7 @@ from frontend.log import KafkaLog, LogSettings
 from frontend.mqtt.channel import Limits
 from frontend.record import Message
 from frontend.session import Session
+from frontend.stats import serve_stats
 from frontend.stores import MemoryRetainedStore, MemorySessionStore, RetainedStore, SessionStore
 from router.partitioner import Router
 
@@ -51,6 +52,8 @@ class NodeConfig:
     max_packet_size: int = 268_435_455
     connect_timeout: float = 15.0
     password_file: str | None = None
+    stats_host: str | None = None
+    stats_port: int = 0
     limits: Limits = field(default_factory=Limits)
 
 
@@ -84,6 +87,7 @@ class Node:
         self.counters = NodeCounters()
         self.connections: set[MqttConnection] = set()
         self._server: asyncio.Server | None = None
+        self._stats_server: asyncio.Server | None = None
 
     async def start(self) -> None:
         await self.log.start()
@@ -93,14 +97,22 @@ class Node:
         )
         sock = self._server.sockets[0].getsockname()
         self.config.port = sock[1]
+        if self.config.stats_host is not None:
+            self._stats_server = await serve_stats(
+                self, self.config.stats_host, self.config.stats_port
+            )
+            self.config.stats_port = self._stats_server.sockets[0].getsockname()[1]
         log.info("node %s serving MQTT on %s:%s", self.config.node_id, sock[0], sock[1])
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._stats_server is not None:
+            self._stats_server.close()
         for connection in list(self.connections):
             connection.shutdown()
         await asyncio.sleep(0)  # let the wills reach the producer queue
+        await self.broker.stop()
         await self.log.stop()
         if self._server is not None:
             await self._server.wait_closed()
@@ -200,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("PASSWORD_FILE"),
         help="user:sha256-hex lines; anonymous clients refused [HEADWATER_PASSWORD_FILE]",
     )
+    p.add_argument(
+        "--stats-listen",
+        default=_env("STATS_LISTEN"),
+        help="host:port for GET /stats (JSON); off when unset [HEADWATER_STATS_LISTEN]",
+    )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[HEADWATER_LOG_LEVEL]")
     return p
 
@@ -215,14 +232,23 @@ def _int_setting(value: str | None, flag: str, low: int, high: int) -> int:
     return number
 
 
+def _address(value: str, flag: str) -> tuple[str, str]:
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not host:
+        env = "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+        raise ConfigError(f"{flag} / {env}: {value!r} is not host:port")
+    return host, port
+
+
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
     if not args.node_id:
         raise ConfigError("--node-id / HEADWATER_NODE_ID is required")
     if not args.kafka_bootstrap:
         raise ConfigError("--kafka-bootstrap / HEADWATER_KAFKA_BOOTSTRAP is required")
-    host, sep, port = str(args.listen).rpartition(":")
-    if not sep or not host:
-        raise ConfigError(f"--listen / HEADWATER_LISTEN: {args.listen!r} is not host:port")
+    host, port = _address(args.listen, "--listen")
+    stats_host, stats_port = (
+        _address(args.stats_listen, "--stats-listen") if args.stats_listen else (None, "0")
+    )
     if args.password_file and not os.path.isfile(args.password_file):
         raise ConfigError(
             f"--password-file / HEADWATER_PASSWORD_FILE: no file {args.password_file}"
@@ -235,6 +261,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         node_id=args.node_id,
         host=host,
         port=_int_setting(port, "--listen", 0, 65535),
+        stats_host=stats_host,
+        stats_port=_int_setting(stats_port, "--stats-listen", 0, 65535),
         kafka_bootstrap=args.kafka_bootstrap,
         redis_url=args.redis_url,
         topic=args.topic,
@@ -249,7 +277,10 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
 async def serve(config: NodeConfig) -> None:
     node = Node(config)
     await node.start()
-    print(f"headwater node {config.node_id} ready on {config.host}:{config.port}", flush=True)
+    stats = f", stats on {config.stats_host}:{config.stats_port}" if config.stats_host else ""
+    print(
+        f"headwater node {config.node_id} ready on {config.host}:{config.port}{stats}", flush=True
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

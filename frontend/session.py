@@ -20,6 +20,7 @@ allocated from 1 upwards in a new session and skip those still in use [MQTT-2.3.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from frontend.mqtt.codec import PublishTemplate, encode
@@ -39,6 +40,15 @@ class Outbound:
     template: PublishTemplate
     packet_id: int = 0
     released: bool = False
+    on_done: Callable[[], None] | None = None
+    """Called once the client has acknowledged the message (shared subscriptions commit then)."""
+    redeliver: Callable[[], None] | None = None
+    """Hands the message to another member if this client leaves without acknowledging it."""
+
+    def done(self) -> None:
+        if self.on_done is not None:
+            on_done, self.on_done = self.on_done, None
+            on_done()
 
     def first_send(self) -> bytes:
         return self.template.to_bytes(self.packet_id or None, False, self.retain)
@@ -89,8 +99,10 @@ class Session:
                 self._enqueue(out)
             else:
                 self.dropped += 1
+                out.done()
             return None
         if out.qos == 0 and not self.queue:
+            out.done()
             return out.first_send()
         if out.qos > 0 and not self.queue and len(self.inflight) < self.max_inflight:
             return self._send_inflight(out)
@@ -102,6 +114,7 @@ class Session:
         out = self.inflight.get(packet_id)
         if out is not None and out.qos == 1:
             del self.inflight[packet_id]
+            out.done()
         return self.drain()
 
     def pubrec(self, packet_id: int) -> bytes:
@@ -115,6 +128,7 @@ class Session:
         out = self.inflight.get(packet_id)
         if out is not None and out.qos == 2 and out.released:
             del self.inflight[packet_id]
+            out.done()
         return self.drain()
 
     def drain(self) -> list[bytes]:
@@ -125,6 +139,8 @@ class Session:
             if head.qos > 0 and len(self.inflight) >= self.max_inflight:
                 break
             self.queue.popleft()
+            if head.qos == 0:
+                head.done()
             sent.append(self._send_inflight(head) if head.qos > 0 else head.first_send())
         return sent
 
@@ -140,6 +156,7 @@ class Session:
     def _enqueue(self, out: Outbound) -> None:
         if len(self.queue) >= self.max_queued and not self._evict_qos0():
             self.dropped += 1
+            out.done()
             return
         self.queue.append(out)
 
@@ -148,6 +165,7 @@ class Session:
             if queued.qos == 0:
                 del self.queue[i]
                 self.dropped += 1
+                queued.done()
                 return True
         return False
 
@@ -161,6 +179,10 @@ class Session:
         raise RuntimeError("no free packet identifier")  # max_inflight < 65535 prevents this
 
     # -- inbound QoS 2 ----------------------------------------------------------------------
+
+    def unfinished(self) -> list[Outbound]:
+        """Messages the client has not acknowledged: in flight, then queued."""
+        return [*self.inflight.values(), *self.queue]
 
     def receive_qos2(self, packet_id: int) -> bool:
         """Record an inbound QoS 2 PUBLISH; False if it is a resend to acknowledge only."""

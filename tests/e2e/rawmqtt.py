@@ -4,6 +4,7 @@ scripts do: it sends whatever it is given and decodes what the server answers wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from frontend.mqtt.codec import Decoder, encode
 from frontend.mqtt.packets import Connack, Connect, Packet, Suback, Subscribe
@@ -52,7 +53,10 @@ class RawClient:
         """The server closes the connection (possibly after sending what is already queued)."""
         async def closed() -> None:
             while True:
-                if not await self.reader.read(65536):
+                try:
+                    if not await self.reader.read(65536):
+                        return
+                except ConnectionResetError:
                     return
         await asyncio.wait_for(closed(), timeout)
 
@@ -65,7 +69,5 @@ class RawClient:
 
     async def close(self) -> None:
         self.writer.close()
-        try:
+        with contextlib.suppress(ConnectionError, OSError):
             await self.writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass

@@ -21,7 +21,6 @@ from frontend.mqtt.packets import (
     Pubrec,
     Pubrel,
     Suback,
-    Subscribe,
     Unsuback,
     Unsubscribe,
     Will,
