@@ -84,49 +84,54 @@ class Broker:
         self._interest = InterestTable()
         self._clients: dict[str, _Client] = {}
         self._starts: dict[SubKey, dict[int, int]] = {}
+        self._dispatched: dict[int, int] = {}
+        """Per partition, the offset after the last record dispatched here."""
         self._shares: dict[tuple[str, str], ShareGroup] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     # -- sessions -----------------------------------------------------------------------------
 
     def take_over(self, client_id: str) -> None:
-        """Close the live connection of ``client_id``, if any [MQTT-3.1.4-2]; its will is
-        published, and its session stays for the new connection to resume or discard."""
+        """Close the live connection of ``client_id``, if any [MQTT-3.1.4-2]: its will is
+        published and, as it closes, its session is stored for the new connection."""
         current = self._clients.get(client_id)
         if current is not None and current.subscriber is not None:
-            subscriber, current.subscriber = current.subscriber, None
-            subscriber.takeover()
+            current.subscriber.takeover()
 
     def attach(self, session: Session, subscriber: Subscriber) -> None:
         """``subscriber`` is now the live connection of ``session``."""
-        self.take_over(session.client_id)
         current = self._clients.get(session.client_id)
-        if current is not None and current.session is not session:
-            self._drop_subscriptions(session.client_id, list(current.session.subscriptions))
+        if current is not None:
+            self._forget(current)
         self._clients[session.client_id] = _Client(session, subscriber)
 
     def detach(self, session: Session, subscriber: Subscriber) -> None:
-        """The connection closed; a clean session ends, a persistent one stays subscribed."""
+        """The connection closed: this node forgets the session (the store keeps what lasts)."""
         client = self._clients.get(session.client_id)
-        if client is None or client.subscriber is not subscriber:
-            return  # already taken over by a newer connection
-        if session.clean:
+        if client is not None and client.subscriber is subscriber:
             del self._clients[session.client_id]
-            self._drop_subscriptions(session.client_id, list(session.subscriptions))
-            self._hand_over_shared(session)
-        else:
-            client.subscriber = None
+            self._forget(client)
 
-    def session_of(self, client_id: str) -> Session | None:
-        client = self._clients.get(client_id)
-        return client.session if client else None
+    def _forget(self, client: _Client) -> None:
+        session = client.session
+        self._drop_subscriptions(session.client_id, list(session.subscriptions))
+        self._hand_over_shared(session)
 
-    def discard(self, client_id: str) -> None:
-        """Forget a session and its subscriptions (a cleanSession=1 connect)."""
-        client = self._clients.pop(client_id, None)
-        if client is not None:
-            self._drop_subscriptions(client_id, list(client.session.subscriptions))
-            self._hand_over_shared(client.session)
+    def positions_for(self, session: Session) -> dict[int, int]:
+        """Per partition, where the session's stream resumes if it went away now: after what
+        this node has dispatched, but not past a message still waiting in its queue, and never
+        before a subscription's start."""
+        queued = session.queued_from_log()
+        positions: dict[int, int] = {}
+        for topic_filter in session.subscriptions:
+            if topics.parse_shared(topic_filter) is not None:
+                continue
+            starts = self._starts.get((session.client_id, topic_filter), {})
+            for p in self.router.partitions_for_filter(topic_filter):
+                pos = max(self._dispatched.get(p, 0), starts.get(p, 0))
+                pos = min(pos, queued.get(p, pos), positions.get(p, pos))
+                positions[p] = pos
+        return positions
 
     @property
     def client_count(self) -> int:
@@ -259,8 +264,10 @@ class Broker:
 
     def dispatch(self, batch: list[Record]) -> None:
         """Deliver a batch consumed from the log (called in the event loop)."""
+        dispatched = self._dispatched
         for rec in batch:
             self._dispatch_one(rec)
+            dispatched[rec.partition] = rec.offset + 1
         self.counters.records_dispatched += len(batch)
 
     def _dispatch_one(self, rec: Record) -> None:
@@ -277,7 +284,8 @@ class Broker:
         message = rec.message
         for client_id, qos in targets.items():
             out_qos = qos if qos < message.qos else message.qos
-            out = Outbound(message, out_qos, False, template_for(message, out_qos, cache))
+            template = template_for(message, out_qos, cache)
+            out = Outbound(message, out_qos, False, template, 0, False, rec.partition, rec.offset)
             self._deliver(client_id, out)
 
     def _before_start(self, rec: Record, client_id: str, topic_filter: str) -> bool:

@@ -25,12 +25,15 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
+from redis.exceptions import RedisError
+
 from frontend.mqtt import channel as ch
 from frontend.mqtt.codec import Decoder
 from frontend.mqtt.errors import ProtocolError
-from frontend.mqtt.packets import SUBACK_FAILURE, ConnackCode, Packet
+from frontend.mqtt.packets import SUBACK_FAILURE, ConnackCode, Packet, Pubrel
 from frontend.record import Message
-from frontend.session import Outbound
+from frontend.session import Outbound, Session, StoredSession
+from frontend.stores import Lease
 
 if TYPE_CHECKING:
     from frontend.server import Node
@@ -60,6 +63,10 @@ class MqttConnection(asyncio.Protocol):
         self._last_seen = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self.lease: Lease | None = None
+        self._qos2_ids: dict[int, int] = {}
+        self._replaying: StoredSession | None = None
+        """The stored state being replayed; its positions are what a save writes meanwhile."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -93,10 +100,24 @@ class MqttConnection(asyncio.Protocol):
             self._timer.cancel()
         self.node.connections.discard(self)
         session = self.channel.session
-        if session is not None:
+        if session is not None and self.lease is not None:
+            state = None if session.clean else self._snapshot(session)
             self.node.broker.detach(session, self)
-            if not session.clean:
-                self.node.keep_session(session)
+            self.node.release_session(self.lease, state)
+
+    def _snapshot(self, session: Session) -> StoredSession:
+        if self._replaying is not None:
+            return self.node.snapshot(session, dict(self._replaying.positions))
+        return self.node.snapshot(session)
+
+    async def save_session(self) -> None:
+        """Store a persistent session now (the node does so every second)."""
+        session = self.channel.session
+        if session is None or session.clean or self.lease is None or self._closed:
+            return
+        if not await self.node.sessions.save(self.lease, self._snapshot(session)):
+            log.warning("client %s: session owned elsewhere now; closing", session.client_id)
+            self.takeover()
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -140,7 +161,22 @@ class MqttConnection(asyncio.Protocol):
                 self._fail(error)
                 return
             self._run(actions)
+            if isinstance(packet, Pubrel) and self._persistent:
+                self._background(self._unmark(packet.packet_id))
         self._update_reading()
+
+    @property
+    def _persistent(self) -> bool:
+        session = self.channel.session
+        return session is not None and not session.clean and self.lease is not None
+
+    async def _unmark(self, packet_id: int) -> None:
+        assert self.lease is not None
+        await self.node.sessions.unmark_received(self.lease, packet_id)
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self._loop.create_task(work)
+        task.add_done_callback(_log_failure)
 
     def _fail(self, error: ProtocolError) -> None:
         log.warning("client %s (%s): %s", self.channel.client_id or "-", self.peer, error)
@@ -162,6 +198,8 @@ class MqttConnection(asyncio.Protocol):
             elif isinstance(action, ch.RemoveSubscriptions):
                 assert self.channel.session is not None
                 self.node.broker.unsubscribe(self.channel.session, action.filters)
+                if self._persistent:
+                    self._background(self.save_session())
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
         self._busy = True
@@ -204,12 +242,45 @@ class MqttConnection(asyncio.Protocol):
             reason = "Kafka is unavailable"
             self._run(self.channel.session_refused(ConnackCode.SERVER_UNAVAILABLE, reason))
             return
-        session, present = await self.node.open_session(action.client_id, connect.clean_session)
-        if self._closed:
+        try:
+            lease, stored = await self.node.acquire_session(action.client_id, connect.clean_session)
+        except (RedisError, OSError) as exc:
+            reason = f"the session store is unavailable: {exc}"
+            self._run(self.channel.session_refused(ConnackCode.SERVER_UNAVAILABLE, reason))
             return
+        if self._closed:
+            self.node.release_session(lease, stored)
+            return
+        session = self.node.new_session(action.client_id, connect.clean_session)
+        if stored is not None:
+            outbound = [self.node.restore_outbound(o) for o in stored.inflight]
+            session.restore_inflight(stored, outbound)
+        self.lease = lease
         self.node.broker.attach(session, self)
-        self._run(self.channel.session_opened(session, present))
+        self._run(self.channel.session_opened(session, stored is not None))
         self._restart_timer()
+        if stored is not None and stored.subscriptions:
+            self._replaying = stored
+            self._background(self._resume(session, stored))
+
+    async def _resume(self, session: Session, stored: StoredSession) -> None:
+        """Subscribe again, replay what was missed from the log, then go live at the offsets
+        where the replay ended: no gap and no duplicate at the switch."""
+        broker = self.node.broker
+        starts, new = await broker.subscribe(session, list(stored.subscriptions.items()))
+        try:
+            await self.node.replay(self._deliver_replayed, session, stored, starts)
+        finally:
+            broker.activate(session, new, starts)
+            self._replaying = None
+
+    def _deliver_replayed(self, out: Outbound | None) -> bool:
+        """Deliver one replayed message (if any); False once the connection is gone."""
+        if self._closed:
+            return False
+        if out is not None:
+            self.deliver(out)
+        return True
 
     # -- SUBSCRIBE ----------------------------------------------------------------------------
 
@@ -223,6 +294,8 @@ class MqttConnection(asyncio.Protocol):
             log.warning("client %s: subscribe failed: %s", self.channel.client_id, exc)
             self._run(self.channel.subscribed(action, failed=True))
             return
+        if self._persistent:
+            await self.save_session()  # the subscription survives this node before its SUBACK
         self._run(self.channel.subscribed(action))
         try:
             await self._send_retained(action.granted, new, starts)
@@ -255,6 +328,8 @@ class MqttConnection(asyncio.Protocol):
             return
         message = action.message
         callback = None
+        if action.packet_id is not None and action.ticket is not None:
+            self._qos2_ids[action.ticket] = action.packet_id
         if action.ticket is not None or message.retain:
             ticket = action.ticket
 
@@ -287,15 +362,31 @@ class MqttConnection(asyncio.Protocol):
             if ticket is not None:
                 self._run(self.channel.connection_lost("Kafka write failed"))
             return
-        if message.retain:
-            self._loop.create_task(self._apply_retained(ticket, message, partition, offset))
+        if message.retain or (message.qos == 2 and self._persistent):
+            self._background(self._after_durable(ticket, message, partition, offset))
         elif ticket is not None:
             self._acknowledge(ticket)
 
-    async def _apply_retained(
+    async def _after_durable(
         self, ticket: int | None, message: Message, partition: int, offset: int
     ) -> None:
-        await self.node.retained.apply(message, partition, offset)
+        """What must be stored before the PUBACK/PUBREC: the retained message, and for a
+        persistent session the QoS 2 packet id awaiting PUBREL (so a move cannot repeat it)."""
+        try:
+            if message.retain:
+                await self.node.retained.apply(message, partition, offset)
+            packet_id = self._qos2_ids.pop(ticket, None) if ticket is not None else None
+            if packet_id is not None and self.lease is not None:
+                await self.node.sessions.mark_received(self.lease, packet_id)
+        except (RedisError, OSError) as exc:
+            log.error(
+                "client %s: %s not stored (%s); closing without acknowledging",
+                self.channel.client_id,
+                message.topic,
+                exc,
+            )
+            self._run(self.channel.connection_lost("session store unavailable"))
+            return
         if ticket is not None:
             self._acknowledge(ticket)
 
@@ -358,6 +449,11 @@ class MqttConnection(asyncio.Protocol):
             self._run(self.channel.keep_alive_expired())
         else:
             self._timer = self._loop.call_later(limit - idle, self._keep_alive)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background work failed: %r", task.exception())
 
 
 __all__ = ["SUBACK_FAILURE", "MqttConnection"]

@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,12 +275,16 @@ class KafkaLog:
             await asyncio.sleep(0.1)
         raise AssertionError("unreachable")
 
-    async def _list_offsets(self, partitions: list[int]) -> dict[int, int]:
+    async def low_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Where each partition begins now: older records are gone (retention)."""
+        return await self._list_offsets(sorted(partitions), earliest=True)
+
+    async def _list_offsets(self, partitions: list[int], earliest: bool = False) -> dict[int, int]:
         assert self._admin is not None
         if not partitions:
             return {}
         topic = self.settings.topic
-        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        latest = OffsetSpec.earliest() if earliest else OffsetSpec.latest()  # type: ignore[no-untyped-call]
         futures = self._admin.list_offsets(
             {TopicPartition(topic, p): latest for p in partitions}, request_timeout=10
         )
@@ -289,6 +293,71 @@ class KafkaLog:
             info = await asyncio.wrap_future(future)
             result[tp.partition] = info.offset
         return result
+
+    async def replay(self, ranges: dict[int, tuple[int, int]]) -> AsyncIterator[list[Record]]:
+        """The records in ``[start, end)`` of each partition, in log order per partition.
+
+        A consumer of its own, in a thread, reads the ranges and hands batches over through a
+        small bounded queue, so a slow client slows the reading rather than filling memory."""
+        wanted = {p: (start, end) for p, (start, end) in ranges.items() if start < end}
+        if not wanted:
+            return
+        handoff: queue.Queue[list[Record] | BaseException | None] = queue.Queue(maxsize=4)
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._read_ranges, args=(wanted, handoff, stop), daemon=True
+        )
+        thread.start()
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                item = await loop.run_in_executor(None, handoff.get)
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    handoff.get_nowait()
+
+    def _read_ranges(
+        self,
+        ranges: dict[int, tuple[int, int]],
+        handoff: queue.Queue[list[Record] | BaseException | None],
+        stop: threading.Event,
+    ) -> None:
+        consumer = Consumer({
+            "bootstrap.servers": self.settings.bootstrap,
+            "group.id": f"headwater-replay-{self.settings.node_id}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+        })  # fmt: skip
+        try:
+            topic = self.settings.topic
+            consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in ranges.items()])
+            remaining = {p: end for p, (_, end) in ranges.items()}
+            idle_since = time.monotonic()
+            while remaining and not stop.is_set():
+                raw = consumer.consume(500, 0.1)
+                batch = [r for r in self._decode(raw) if r.offset < remaining.get(r.partition, -1)]
+                for rec in batch:
+                    if rec.offset >= remaining[rec.partition] - 1:
+                        del remaining[rec.partition]
+                if batch or raw:
+                    idle_since = time.monotonic()
+                    if batch:
+                        handoff.put(batch)
+                elif time.monotonic() - idle_since > 30:
+                    raise TimeoutError(f"replay made no progress for 30 s on {sorted(remaining)}")
+            handoff.put(None)
+        except BaseException as exc:
+            handoff.put(exc)
+        finally:
+            consumer.close()
 
     # The consumer handle is only ever used by the consumer thread: a call into it from the
     # loop thread could wait on that thread while holding the GIL.  Assignment changes are

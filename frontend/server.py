@@ -19,20 +19,39 @@ import logging
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from frontend import record
 from frontend.auth import Authenticator, load_authenticator
 from frontend.broker import Broker
 from frontend.connection import MqttConnection
-from frontend.log import KafkaLog, LogSettings
+from frontend.log import KafkaLog, LogSettings, Record
+from frontend.mqtt import topics
 from frontend.mqtt.channel import Limits
+from frontend.mqtt.codec import PublishTemplate
 from frontend.record import Message
-from frontend.session import Session
+from frontend.redis_store import RedisRetainedStore, RedisSessionStore
+from frontend.session import Outbound, Session, StoredOutbound, StoredSession
 from frontend.stats import serve_stats
-from frontend.stores import MemoryRetainedStore, MemorySessionStore, RetainedStore, SessionStore
+from frontend.stores import (
+    Busy,
+    Lease,
+    MemoryRetainedStore,
+    MemorySessionStore,
+    RetainedStore,
+    SessionStore,
+)
+from frontend.takeover import FORCE_AFTER, Coordinator
 from router.partitioner import Router
 
 log = logging.getLogger("headwater.server")
+
+SAVE_INTERVAL = 1.0
 
 
 class ConfigError(ValueError):
@@ -52,6 +71,7 @@ class NodeConfig:
     max_packet_size: int = 268_435_455
     connect_timeout: float = 15.0
     password_file: str | None = None
+    redis_prefix: str = "hw:"
     stats_host: str | None = None
     stats_port: int = 0
     limits: Limits = field(default_factory=Limits)
@@ -61,6 +81,8 @@ class NodeConfig:
 class NodeCounters:
     protocol_errors: int = 0
     wills_published: int = 0
+    messages_replayed: int = 0
+    retention_lost: int = 0
 
 
 class Node:
@@ -88,8 +110,14 @@ class Node:
         self.connections: set[MqttConnection] = set()
         self._server: asyncio.Server | None = None
         self._stats_server: asyncio.Server | None = None
+        self._saver: asyncio.Task[None] | None = None
+        self._redis: aioredis.Redis | None = None
+        self._releasing: dict[str, asyncio.Task[None]] = {}
+        self.coordinator: Coordinator | None = None
 
     async def start(self) -> None:
+        if self.config.redis_url:
+            await self._connect_redis(self.config.redis_url)
         await self.log.start()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
@@ -102,41 +130,178 @@ class Node:
                 self, self.config.stats_host, self.config.stats_port
             )
             self.config.stats_port = self._stats_server.sockets[0].getsockname()[1]
+        self._saver = loop.create_task(self._save_periodically())
         log.info("node %s serving MQTT on %s:%s", self.config.node_id, sock[0], sock[1])
+
+    async def _connect_redis(self, url: str) -> None:
+        client = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            await client.ping()
+        except (RedisError, OSError) as exc:
+            raise ConnectionError(f"Redis at {url} is unreachable: {exc}") from exc
+        prefix = self.config.redis_prefix
+        store = RedisSessionStore(client, prefix)
+        self.sessions = store
+        self.retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
+        self.coordinator = Coordinator(store, self.config.node_id, self._release_requested)
+        await self.coordinator.start()
+        self._redis = client
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
         if self._stats_server is not None:
             self._stats_server.close()
+        if self._saver is not None:
+            self._saver.cancel()
         for connection in list(self.connections):
             connection.shutdown()
         await asyncio.sleep(0)  # let the wills reach the producer queue
+        if self._releasing:
+            await asyncio.gather(*self._releasing.values(), return_exceptions=True)
         await self.broker.stop()
         await self.log.stop()
+        if self.coordinator is not None:
+            await self.coordinator.stop()
+        if self._redis is not None:
+            await self._redis.aclose()
         if self._server is not None:
             await self._server.wait_closed()
 
-    # -- what connections ask of the node -----------------------------------------------------
+    # -- sessions -----------------------------------------------------------------------------
 
-    async def open_session(self, client_id: str, clean: bool) -> tuple[Session, bool]:
-        """The session for a CONNECT, and whether one was present [MQTT-3.2.2-1, -2]."""
+    async def acquire_session(
+        self, client_id: str, clean: bool
+    ) -> tuple[Lease, StoredSession | None]:
+        """Own the session of ``client_id``, taking it over from its current connection, on this
+        node or another, if it has one [MQTT-3.1.4-2]."""
+        deadline = time.monotonic() + FORCE_AFTER
+        asked, force = False, False
+        while True:
+            answer = await self.sessions.acquire(client_id, self.config.node_id, clean, force)
+            if not isinstance(answer, Busy):
+                return answer
+            if answer.owner == self.config.node_id:
+                force = not await self._release_local(client_id)
+            elif not asked:
+                assert self.coordinator is not None
+                await self.coordinator.request_release(answer.owner, client_id)
+                asked = True
+            elif time.monotonic() > deadline:
+                log.warning("node %s did not release %s: taking it", answer.owner, client_id)
+                force = True
+            else:
+                await asyncio.sleep(0.01)
+
+    async def _release_local(self, client_id: str) -> bool:
+        """Close our own connection of ``client_id`` and wait until it let go; False if there
+        was nothing to wait for (a stale lease)."""
         self.broker.take_over(client_id)
-        if clean:
-            self.broker.discard(client_id)
-            await self.sessions.discard(client_id)
-            return self._new_session(client_id, True), False
-        session = self.broker.session_of(client_id) or await self.sessions.load(client_id)
-        if session is None:
-            return self._new_session(client_id, False), False
-        return session, True
+        await asyncio.sleep(0)
+        releasing = self._releasing.get(client_id)
+        if releasing is None:
+            return False
+        await asyncio.gather(releasing, return_exceptions=True)
+        return True
 
-    def _new_session(self, client_id: str, clean: bool) -> Session:
+    def _release_requested(self, client_id: str) -> None:
+        """Another node wants the session of ``client_id``."""
+        self.broker.take_over(client_id)
+
+    def release_session(self, lease: Lease, state: StoredSession | None) -> None:
+        task = asyncio.get_running_loop().create_task(self.sessions.release(lease, state))
+        self._releasing[lease.client_id] = task
+        task.add_done_callback(lambda _: self._forget_release(lease.client_id, task))
+
+    def _forget_release(self, client_id: str, task: asyncio.Task[None]) -> None:
+        if self._releasing.get(client_id) is task:
+            del self._releasing[client_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("storing the session of %s failed: %s", client_id, task.exception())
+
+    def new_session(self, client_id: str, clean: bool) -> Session:
         limits = self.config.limits
         return Session(client_id, clean, limits.max_inflight, limits.max_queued)
 
-    def keep_session(self, session: Session) -> None:
-        asyncio.get_running_loop().create_task(self.sessions.save(session))
+    def restore_outbound(self, stored: StoredOutbound) -> Outbound:
+        message = record.decode(stored.record)
+        template = PublishTemplate(message.topic, message.payload, stored.qos)
+        return Outbound(
+            message, stored.qos, stored.retain, template, stored.packet_id, stored.released,
+            stored.partition, stored.offset,
+        )  # fmt: skip
+
+    def snapshot(self, session: Session, positions: dict[int, int] | None = None) -> StoredSession:
+        if positions is None:
+            positions = self.broker.positions_for(session)
+        return session.snapshot(positions, lambda out: record.encode(out.message))
+
+    async def _save_periodically(self) -> None:
+        """Persistent sessions are saved every second, so a node crash loses at most that."""
+        while True:
+            await asyncio.sleep(SAVE_INTERVAL)
+            for connection in list(self.connections):
+                try:
+                    await connection.save_session()
+                except Exception as exc:  # Redis down: keep serving, keep trying
+                    log.warning("saving sessions failed: %s", exc)
+                    break
+
+    async def replay(
+        self,
+        deliver: Callable[[Outbound], bool],
+        session: Session,
+        stored: StoredSession,
+        starts: dict[int, int],
+    ) -> int:
+        """Deliver what ``session`` missed: QoS 1/2 records matching its subscriptions between
+        its stored positions and ``starts`` (where its live stream begins).  ``deliver`` takes
+        one message (None: just ask) and answers whether the client is still there.  Returns
+        the number of messages delivered."""
+        ranges = {p: (stored.positions.get(p, end), end) for p, end in starts.items()}
+        await self._skip_expired(session.client_id, ranges)
+        filters = {f: q for f, q in session.subscriptions.items() if not topics.parse_shared(f)}
+        resent = {(o.partition, o.offset) for o in session.inflight.values()}
+        count = 0
+        async for batch in self.log.replay(ranges):
+            for rec in batch:
+                if (rec.partition, rec.offset) in resent:
+                    continue
+                granted = max(
+                    (q for f, q in filters.items() if topics.matches(f, rec.message.topic)),
+                    default=0,
+                )
+                qos = min(granted, rec.message.qos)
+                if qos == 0:
+                    continue  # QoS 0 is not kept for a client that was away
+                template = PublishTemplate(rec.message.topic, rec.message.payload, qos)
+                out = Outbound(
+                    rec.message, qos, False, template, partition=rec.partition, offset=rec.offset
+                )
+                if not deliver(out):
+                    return count
+                count += 1
+            while len(session.queue) > session.max_queued // 2 and deliver(None):
+                await asyncio.sleep(0.005)  # the client works through its backlog first
+        self.counters.messages_replayed += count
+        return count
+
+    async def _skip_expired(self, client_id: str, ranges: dict[int, tuple[int, int]]) -> None:
+        """Records retention already removed cannot be replayed: count them and go on."""
+        wanted = [p for p, (start, end) in ranges.items() if start < end]
+        for partition, low in (await self.log.low_watermarks(wanted)).items():
+            start, end = ranges[partition]
+            if start < low:
+                lost = min(low, end) - start
+                self.counters.retention_lost += lost
+                log.warning(
+                    "session %s: %d records of partition %d were removed by retention "
+                    "before it came back; continuing without them",
+                    client_id,
+                    lost,
+                    partition,
+                )
+                ranges[partition] = (min(low, end), end)
 
     def publish_will(self, message: Message) -> None:
         """Publish a will: through the log like any message; retained wills update the store."""
@@ -150,7 +315,7 @@ class Node:
         if not self.log.produce(message, stored):
             log.error("will of %s lost: the producer queue is full", message.client_id)
 
-    def _on_records(self, batch: list) -> None:  # type: ignore[type-arg]
+    def _on_records(self, batch: list[Record]) -> None:
         self.broker.dispatch(batch)
 
 
@@ -176,7 +341,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("KAFKA_BOOTSTRAP"),
         help="Kafka bootstrap servers [HEADWATER_KAFKA_BOOTSTRAP]",
     )
-    p.add_argument("--redis-url", default=_env("REDIS_URL"), help="[HEADWATER_REDIS_URL]")
+    p.add_argument(
+        "--redis-url",
+        default=_env("REDIS_URL"),
+        help="sessions and retained messages; in memory when unset "
+        "(one node only) [HEADWATER_REDIS_URL]",
+    )
+    p.add_argument(
+        "--redis-prefix",
+        default=_env("REDIS_PREFIX", "hw:"),
+        help="key prefix in Redis [HEADWATER_REDIS_PREFIX]",
+    )
     p.add_argument(
         "--topic",
         default=_env("TOPIC", "headwater.messages"),
@@ -265,6 +440,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         stats_port=_int_setting(stats_port, "--stats-listen", 0, 65535),
         kafka_bootstrap=args.kafka_bootstrap,
         redis_url=args.redis_url,
+        redis_prefix=args.redis_prefix,
         topic=args.topic,
         partitions=_int_setting(args.partitions, "--partitions", 1, 100_000),
         routing_depth=_int_setting(args.routing_depth, "--routing-depth", 1, 64),

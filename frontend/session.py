@@ -40,6 +40,9 @@ class Outbound:
     template: PublishTemplate
     packet_id: int = 0
     released: bool = False
+    partition: int = -1
+    offset: int = -1
+    """Where the message is in the log (-1: not from the log's live stream)."""
     on_done: Callable[[], None] | None = None
     """Called once the client has acknowledged the message (shared subscriptions commit then)."""
     redeliver: Callable[[], None] | None = None
@@ -58,6 +61,36 @@ class Outbound:
         if self.released:
             return encode(Pubrel(self.packet_id))
         return self.template.to_bytes(self.packet_id, True, self.retain)
+
+
+@dataclass(slots=True)
+class StoredOutbound:
+    """An in-flight message as a session store keeps it: a copy of its log record."""
+
+    record: bytes
+    qos: int
+    retain: bool
+    packet_id: int
+    released: bool
+    partition: int = -1
+    offset: int = -1
+
+
+@dataclass(slots=True)
+class StoredSession:
+    """What outlives a connection of a cleanSession=0 client.
+
+    The messages a client missed are not here: ``positions`` says, per partition of the log,
+    where its subscriptions' stream resumes; the log itself holds the messages.  Only the
+    in-flight window (at most ``max_inflight`` messages) is kept as copies, because the client
+    may be owed a PUBLISH (DUP=1) or a PUBREL for each.
+    """
+
+    subscriptions: dict[str, int]
+    positions: dict[int, int]
+    inflight: list[StoredOutbound]
+    awaiting_rel: list[int]
+    last_id: int = 0
 
 
 class Session:
@@ -183,6 +216,36 @@ class Session:
     def unfinished(self) -> list[Outbound]:
         """Messages the client has not acknowledged: in flight, then queued."""
         return [*self.inflight.values(), *self.queue]
+
+    def snapshot(
+        self, positions: dict[int, int], encode_record: Callable[[Outbound], bytes]
+    ) -> StoredSession:
+        """The state to store; queued messages from the log are left to ``positions``."""
+        inflight = [
+            StoredOutbound(
+                encode_record(o), o.qos, o.retain, o.packet_id, o.released, o.partition, o.offset
+            )
+            for o in self.inflight.values()
+        ]
+        return StoredSession(
+            dict(self.subscriptions), positions, inflight, sorted(self.awaiting_rel), self._last_id
+        )
+
+    def restore_inflight(self, stored: StoredSession, outbound: list[Outbound]) -> None:
+        """Take back the in-flight window and QoS 2 state of a stored session."""
+        for out in outbound:
+            self.inflight[out.packet_id] = out
+        self.awaiting_rel = set(stored.awaiting_rel)
+        self._last_id = stored.last_id
+
+    def queued_from_log(self) -> dict[int, int]:
+        """Per partition, the lowest offset of a queued live message (not yet sent)."""
+        lowest: dict[int, int] = {}
+        for out in self.queue:
+            live = out.offset >= 0 and not out.retain and out.qos > 0
+            if live and out.offset < lowest.get(out.partition, out.offset + 1):
+                lowest[out.partition] = out.offset
+        return lowest
 
     def receive_qos2(self, packet_id: int) -> bool:
         """Record an inbound QoS 2 PUBLISH; False if it is a resend to acknowledge only."""

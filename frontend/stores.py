@@ -16,7 +16,7 @@ from typing import Protocol
 
 from frontend.mqtt import topics
 from frontend.record import Message
-from frontend.session import Session
+from frontend.session import StoredSession
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,15 +34,44 @@ class RetainedStore(Protocol):
         """Every retained message whose topic matches ``topic_filter``."""
 
 
+@dataclass(slots=True, frozen=True)
+class Lease:
+    """Ownership of a client id's session by one node, fenced by a token that only grows."""
+
+    client_id: str
+    node_id: str
+    token: int
+
+
+@dataclass(slots=True, frozen=True)
+class Busy:
+    """The session is in use by a live connection on ``owner``."""
+
+    owner: str
+
+
 class SessionStore(Protocol):
-    async def load(self, client_id: str) -> Session | None:
-        """The session kept for ``client_id``, if any."""
+    """Sessions and their ownership.  Every write carries the writer's lease; a write with a
+    token older than the session's is refused, so a node that lost a session can never
+    overwrite it afterwards."""
 
-    async def save(self, session: Session) -> None:
-        """Keep ``session`` for its client's next connection."""
+    async def acquire(
+        self, client_id: str, node_id: str, clean: bool, force: bool = False
+    ) -> tuple[Lease, StoredSession | None] | Busy:
+        """Own the session (a new token), or learn who does.  ``clean`` discards any stored
+        state [MQTT-3.1.2-6]; ``force`` takes it from an owner that did not let go."""
 
-    async def discard(self, client_id: str) -> None:
-        """Forget any session of ``client_id`` [MQTT-3.1.2-6]."""
+    async def save(self, lease: Lease, state: StoredSession) -> bool:
+        """Store ``state``; False if the lease is no longer current."""
+
+    async def release(self, lease: Lease, state: StoredSession | None) -> None:
+        """Let go: keep ``state`` for the next connection, or forget the session (None)."""
+
+    async def mark_received(self, lease: Lease, packet_id: int) -> None:
+        """Record an inbound QoS 2 packet id awaiting PUBREL, before PUBREC is sent."""
+
+    async def unmark_received(self, lease: Lease, packet_id: int) -> None:
+        """The PUBREL for ``packet_id`` arrived."""
 
 
 class MemoryRetainedStore:
@@ -69,16 +98,50 @@ class MemoryRetainedStore:
 
 
 class MemorySessionStore:
-    """Sessions of one node, kept in memory across its clients' reconnects."""
+    """Sessions kept in this process: the single-node store (and the unit tests')."""
 
     def __init__(self) -> None:
-        self._sessions: dict[str, Session] = {}
+        self._states: dict[str, StoredSession] = {}
+        self._owners: dict[str, tuple[str, int]] = {}
+        self._tokens: dict[str, int] = {}
 
-    async def load(self, client_id: str) -> Session | None:
-        return self._sessions.get(client_id)
+    async def acquire(
+        self, client_id: str, node_id: str, clean: bool, force: bool = False
+    ) -> tuple[Lease, StoredSession | None] | Busy:
+        owner = self._owners.get(client_id)
+        if owner is not None and not force:
+            return Busy(owner[0])
+        token = self._tokens.get(client_id, 0) + 1
+        self._tokens[client_id] = token
+        self._owners[client_id] = (node_id, token)
+        if clean:
+            self._states.pop(client_id, None)
+        return Lease(client_id, node_id, token), self._states.get(client_id)
 
-    async def save(self, session: Session) -> None:
-        self._sessions[session.client_id] = session
+    def _current(self, lease: Lease) -> bool:
+        return self._tokens.get(lease.client_id) == lease.token
 
-    async def discard(self, client_id: str) -> None:
-        self._sessions.pop(client_id, None)
+    async def save(self, lease: Lease, state: StoredSession) -> bool:
+        if not self._current(lease):
+            return False
+        self._states[lease.client_id] = state
+        return True
+
+    async def release(self, lease: Lease, state: StoredSession | None) -> None:
+        if not self._current(lease):
+            return
+        self._owners.pop(lease.client_id, None)
+        if state is None:
+            self._states.pop(lease.client_id, None)
+        else:
+            self._states[lease.client_id] = state
+
+    async def mark_received(self, lease: Lease, packet_id: int) -> None:
+        state = self._states.get(lease.client_id)
+        if self._current(lease) and state is not None and packet_id not in state.awaiting_rel:
+            state.awaiting_rel.append(packet_id)
+
+    async def unmark_received(self, lease: Lease, packet_id: int) -> None:
+        state = self._states.get(lease.client_id)
+        if self._current(lease) and state is not None and packet_id in state.awaiting_rel:
+            state.awaiting_rel.remove(packet_id)

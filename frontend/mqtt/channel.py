@@ -98,6 +98,8 @@ class Produce:
     message: Message
     ticket: int | None
     """None for QoS 0: nothing waits for the write."""
+    packet_id: int | None = None
+    """For QoS 2: the packet id to record as awaiting PUBREL before PUBREC goes out."""
 
 
 @dataclass(slots=True)
@@ -281,7 +283,8 @@ class Channel:
         assert self.session is not None
         if not self.session.receive_qos2(publish.packet_id):
             return self._reply_again(Pubrec(publish.packet_id))
-        return [Produce(message, self._await_log(Pubrec(publish.packet_id), message))]
+        ticket = self._await_log(Pubrec(publish.packet_id), message)
+        return [Produce(message, ticket, publish.packet_id)]
 
     def _await_log(self, reply: Packet, message: Message) -> int:
         pending = _PendingReply(reply, message.message_id)
@@ -375,5 +378,10 @@ class Channel:
 
     def _enter_closed(self) -> None:
         self.state = State.CLOSED
+        if self.session is not None:
+            for pending in self._tickets.values():
+                if isinstance(pending.packet, Pubrec):
+                    # Never written: a resend must be produced again, not only acknowledged.
+                    self.session.release_qos2(pending.packet.packet_id)
         self._tickets.clear()
         self._replies.clear()

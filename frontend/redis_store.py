@@ -1,0 +1,231 @@
+"""Sessions and retained messages in Redis: what lets any node serve any client.
+
+Key layout (``P`` is the configurable prefix, default ``hw:``; ``{...}`` is a Redis Cluster
+hash tag so each client's keys share a slot):
+
+==============================  ======  ======================================================
+``P{cid}:session``              hash    ``owner`` node id, ``token`` fencing counter,
+                                        ``connected`` 0/1, ``present`` 1 once state is stored,
+                                        ``subs`` JSON filter->QoS, ``pos`` JSON partition->
+                                        offset, ``inflight`` JSON (record copies, base64),
+                                        ``lastid`` last packet id used
+``P{cid}:rel``                  set     inbound QoS 2 packet ids awaiting PUBREL
+``P{node}:alive``               string  set with a 5 s expiry while the node runs
+``P{node}:inbox``               pubsub  takeover requests for sessions the node owns
+``Pretained:{routing key}``     hash    topic -> 12-byte (offset, partition) + record value
+``Pretained:{routing key}:offsets``  hash  topic -> log offset of the retained record
+``Pretained-keys``              set     routing keys that have retained messages
+==============================  ======  ======================================================
+
+Ownership: ``acquire`` is one Lua script: if a live connection on a live node owns the session
+it answers "busy" (the caller asks that node to let go, see ``frontend.takeover``); otherwise it
+increments the token, records the new owner and returns the stored state.  Every later write
+(save, release, QoS 2 marks) is a script that first compares the caller's token with the stored
+one, so a node that lost ownership can never write again.
+
+Retained messages: ``apply`` is a script that keeps, per topic, the record with the highest log
+offset (empty payloads stay as tombstones, so a late older write cannot resurrect a topic).  A
+filter whose routing levels are literal reads one hash; only wildcard routing levels read all.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import redis.asyncio as aioredis
+
+from frontend import record
+from frontend.mqtt import topics
+from frontend.record import Message
+from frontend.session import StoredOutbound, StoredSession
+from frontend.stores import Busy, Lease, Retained
+from router.partitioner import routing_key
+
+ALIVE_SECONDS = 5
+
+_ACQUIRE = """
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner and owner ~= '' and ARGV[3] ~= '1'
+   and redis.call('HGET', KEYS[1], 'connected') == '1'
+   and redis.call('EXISTS', ARGV[4] .. owner .. '}:alive') == 1 then
+  return {'busy', owner}
+end
+local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'connected', '1')
+if ARGV[2] == '1' then
+  redis.call('HDEL', KEYS[1], 'present', 'subs', 'pos', 'inflight', 'lastid')
+  redis.call('DEL', KEYS[2])
+end
+return {'ok', tostring(token), redis.call('HGETALL', KEYS[1]), redis.call('SMEMBERS', KEYS[2])}
+"""
+
+_FENCE = "if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end\n"
+
+_SAVE = (
+    _FENCE
+    + """
+redis.call('HSET', KEYS[1], 'present', '1', 'subs', ARGV[2], 'pos', ARGV[3],
+           'inflight', ARGV[4], 'lastid', ARGV[5])
+return 1
+"""
+)
+
+_RELEASE = (
+    _FENCE
+    + """
+if ARGV[2] == '' then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  redis.call('HSET', KEYS[1], 'token', ARGV[1])
+  return 1
+end
+redis.call('HSET', KEYS[1], 'present', '1', 'subs', ARGV[2], 'pos', ARGV[3],
+           'inflight', ARGV[4], 'lastid', ARGV[5], 'connected', '0', 'owner', '')
+return 1
+"""
+)
+
+_MARK = _FENCE + "redis.call('SADD', KEYS[2], ARGV[2])\nreturn 1\n"
+_UNMARK = _FENCE + "redis.call('SREM', KEYS[2], ARGV[2])\nreturn 1\n"
+
+_APPLY_RETAINED = """
+local current = redis.call('HGET', KEYS[3], ARGV[1])
+if current and tonumber(current) >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[4])
+return 1
+"""
+
+_POSITION = struct.Struct(">qi")
+
+
+def _encode_inflight(items: list[StoredOutbound]) -> str:
+    return json.dumps([
+        [base64.b64encode(o.record).decode(), o.qos, int(o.retain), o.packet_id, int(o.released),
+         o.partition, o.offset]
+        for o in items
+    ])  # fmt: skip
+
+
+def _decode_inflight(text: str) -> list[StoredOutbound]:
+    return [
+        StoredOutbound(base64.b64decode(rec), qos, bool(retain), pid, bool(released), p, o)
+        for rec, qos, retain, pid, released, p, o in json.loads(text)
+    ]
+
+
+def _session_args(state: StoredSession) -> list[str | int]:
+    return [
+        json.dumps(state.subscriptions),
+        json.dumps({str(p): o for p, o in state.positions.items()}),
+        _encode_inflight(state.inflight),
+        state.last_id,
+    ]
+
+
+def _decode_session(fields: dict[str, str], rel: list[str]) -> StoredSession | None:
+    if fields.get("present") != "1":
+        return None
+    return StoredSession(
+        subscriptions={k: int(v) for k, v in json.loads(fields.get("subs", "{}")).items()},
+        positions={int(p): int(o) for p, o in json.loads(fields.get("pos", "{}")).items()},
+        inflight=_decode_inflight(fields.get("inflight", "[]")),
+        awaiting_rel=sorted(int(r) for r in rel),
+        last_id=int(fields.get("lastid", "0")),
+    )
+
+
+class RedisSessionStore:
+    """The cluster-wide session store."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str = "hw:") -> None:
+        self.redis = client
+        self.prefix = prefix
+        self._acquire = client.register_script(_ACQUIRE)
+        self._save = client.register_script(_SAVE)
+        self._release = client.register_script(_RELEASE)
+        self._mark = client.register_script(_MARK)
+        self._unmark = client.register_script(_UNMARK)
+
+    def _keys(self, client_id: str) -> list[str]:
+        return [f"{self.prefix}{{{client_id}}}:session", f"{self.prefix}{{{client_id}}}:rel"]
+
+    def alive_key(self, node_id: str) -> str:
+        return f"{self.prefix}{{{node_id}}}:alive"
+
+    def inbox(self, node_id: str) -> str:
+        return f"{self.prefix}{{{node_id}}}:inbox"
+
+    async def heartbeat(self, node_id: str) -> None:
+        await self.redis.set(self.alive_key(node_id), "1", ex=ALIVE_SECONDS)
+
+    async def acquire(
+        self, client_id: str, node_id: str, clean: bool, force: bool = False
+    ) -> tuple[Lease, StoredSession | None] | Busy:
+        args: list[str | int] = [node_id, int(clean), int(force), f"{self.prefix}{{"]
+        answer = await self._acquire(keys=self._keys(client_id), args=args)
+        if _text(answer[0]) == "busy":
+            return Busy(_text(answer[1]))
+        flat = [_text(x) for x in answer[2]]
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        lease = Lease(client_id, node_id, int(_text(answer[1])))
+        return lease, _decode_session(fields, [_text(x) for x in answer[3]])
+
+    async def save(self, lease: Lease, state: StoredSession) -> bool:
+        keys = self._keys(lease.client_id)
+        return bool(await self._save(keys=keys, args=[lease.token, *_session_args(state)]))
+
+    async def release(self, lease: Lease, state: StoredSession | None) -> None:
+        args = [lease.token, *(_session_args(state) if state else ["", "", "", ""])]
+        await self._release(keys=self._keys(lease.client_id), args=args)
+
+    async def mark_received(self, lease: Lease, packet_id: int) -> None:
+        await self._mark(keys=self._keys(lease.client_id), args=[lease.token, packet_id])
+
+    async def unmark_received(self, lease: Lease, packet_id: int) -> None:
+        await self._unmark(keys=self._keys(lease.client_id), args=[lease.token, packet_id])
+
+
+class RedisRetainedStore:
+    """Retained messages, one hash per routing key."""
+
+    def __init__(self, client: aioredis.Redis, routing_depth: int, prefix: str = "hw:") -> None:
+        self.redis = client
+        self.depth = routing_depth
+        self.prefix = prefix
+        self._apply = client.register_script(_APPLY_RETAINED)
+
+    def _hash(self, key: str) -> str:
+        return f"{self.prefix}retained:{key}"
+
+    async def apply(self, message: Message, partition: int, offset: int) -> None:
+        key = routing_key(message.topic, self.depth)
+        value = _POSITION.pack(offset, partition) + record.encode(message)
+        keys = [self._hash(key), f"{self.prefix}retained-keys", self._hash(key) + ":offsets"]
+        await self._apply(keys=keys, args=[message.topic, value, offset, key])
+
+    async def match(self, topic_filter: str) -> list[Retained]:
+        key = routing_key(topic_filter, self.depth)
+        if "+" in key or "#" in key:
+            members = await self.redis.smembers(f"{self.prefix}retained-keys")
+            hashes = [self._hash(_text(m)) for m in members]
+        else:
+            hashes = [self._hash(key)]
+        found: list[Retained] = []
+        for name in hashes:
+            for topic, value in (await self.redis.hgetall(name)).items():
+                if topics.matches(topic_filter, _text(topic)):
+                    raw = value if isinstance(value, bytes) else value.encode()
+                    offset, partition = _POSITION.unpack_from(raw)
+                    message = record.decode(raw[_POSITION.size :])
+                    if message.payload:
+                        found.append(Retained(message, partition, offset))
+        return found
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
