@@ -249,7 +249,7 @@ class Node:
 
     async def replay(
         self,
-        deliver: Callable[[Outbound], bool],
+        deliver: Callable[[Outbound | None], bool],
         session: Session,
         stored: StoredSession,
         starts: dict[int, int],

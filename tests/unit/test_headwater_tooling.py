@@ -258,3 +258,23 @@ def test_dev_down_without_a_cluster_is_harmless(
 ) -> None:
     assert cli.main(["dev", "down", "--state-dir", str(tmp_path)]) == 0
     assert "no dev cluster recorded" in capsys.readouterr().out
+
+
+def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from headwater.services.process import ChildProcess\n"
+        "child = ChildProcess.spawn('sleeper', ['sleep', '300'], Path(sys.argv[1]))\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "log")], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    orphan = ProcessIdentity.of(int(parent.stdout.readline()))
+    assert orphan.alive()
+    parent.kill()
+    parent.wait()
+    wait_until(lambda: not orphan.alive(), what="orphan to die", timeout=10)
