@@ -1,0 +1,290 @@
+"""Sessions and retained messages that live in the cluster (Redis + the log), not in a node.
+
+Three nodes with Redis stores on the real Redis and Kafka; each test has its own key prefix and
+log topic.  Clients move between nodes as a device behind the load balancer would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from frontend.mqtt.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Will,
+)
+from frontend.server import Node
+from tests.e2e.conftest import NodeFactory
+from tests.e2e.rawmqtt import RawClient
+from tests.e2e.test_cluster import publish_qos1, receive
+
+
+@pytest.fixture
+async def nodes(start_node: NodeFactory, redis_url: str, redis_prefix: str) -> list[Node]:
+    return [await start_node(redis_url=redis_url, redis_prefix=redis_prefix) for _ in range(3)]
+
+
+async def reconnect(port: int, client_id: str, present: bool, **connect: object) -> RawClient:
+    client = await RawClient.open(port)
+    await client.send(Connect(client_id, clean_session=False, **connect))  # type: ignore[arg-type]
+    assert await client.recv() == Connack(present, 0)
+    return client
+
+
+async def test_persistent_session_moves_and_gets_what_it_missed(nodes: list[Node]) -> None:
+    n1, n2, n3 = nodes
+    sub = await RawClient.connected(n1.config.port, "roamer", clean_session=False)
+    await sub.subscribe(("fleet/+/cmd", 2))
+    await sub.send(Disconnect())
+    await sub.expect_closed()
+    pub = await RawClient.connected(n2.config.port, "dispatcher")
+    await publish_qos1(pub, "fleet/a/cmd", [b"1", b"2"])
+    await pub.send(Publish("fleet/a/cmd", b"q0", qos=0))  # not kept for an absent client
+    await pub.send(Publish("fleet/b/cmd", b"3", qos=2, packet_id=90))
+    assert await pub.recv() == Pubrec(90)
+    await pub.send(Pubrel(90))
+    assert await pub.recv() == Pubcomp(90)
+    back = await reconnect(n3.config.port, "roamer", present=True)  # [MQTT-3.2.2-2]
+    got, owed_pubrel = [], set()
+    while len(got) < 3 or owed_pubrel:  # two partitions: their messages may interleave
+        packet = await back.recv()
+        if isinstance(packet, Pubrel):
+            owed_pubrel.remove(packet.packet_id)
+            await back.send(Pubcomp(packet.packet_id))
+            continue
+        assert isinstance(packet, Publish)
+        if packet.qos == 2:
+            owed_pubrel.add(packet.packet_id)
+        ack = Puback if packet.qos == 1 else Pubrec
+        await back.send(ack(packet.packet_id or 0))
+        got.append((packet.topic, packet.payload, packet.qos))
+    fleet_a = [g for g in got if g[0] == "fleet/a/cmd"]
+    assert fleet_a == [("fleet/a/cmd", b"1", 1), ("fleet/a/cmd", b"2", 1)]  # in order
+    assert ("fleet/b/cmd", b"3", 2) in got
+    await back.expect_silence(0.5)
+    assert n3.counters.messages_replayed == 3
+    await back.close()
+    await pub.close()
+
+
+async def test_switch_from_replay_to_live_has_no_gap_and_no_duplicate(nodes: list[Node]) -> None:
+    n1, n2, n3 = nodes
+    sub = await RawClient.connected(n1.config.port, "switcher", clean_session=False)
+    await sub.subscribe(("seq/t", 1))
+    await sub.send(Disconnect())
+    pub = await RawClient.connected(n2.config.port, "seq-pub")
+    total = 400
+
+    async def publish_all() -> None:
+        for i in range(total):
+            await publish_qos1(pub, "seq/t", [str(i).encode()], first_id=i + 1)
+            if i % 20 == 0:
+                await asyncio.sleep(0.01)
+
+    sender = asyncio.create_task(publish_all())
+    await asyncio.sleep(0.3)  # part of the stream is published while the client is away
+    back = await reconnect(n3.config.port, "switcher", present=True)
+    got = await receive(back, total, timeout=15)
+    await sender
+    assert [p.payload for p in got] == [str(i).encode() for i in range(total)]
+    await back.expect_silence(0.5)
+    await back.close()
+    await pub.close()
+
+
+async def test_inflight_qos1_resent_with_dup_after_a_move(nodes: list[Node]) -> None:
+    n1, n2, _ = nodes
+    sub = await RawClient.connected(n1.config.port, "unacked", clean_session=False)
+    await sub.subscribe(("inflight/t", 1))
+    pub = await RawClient.connected(n2.config.port, "if-pub")
+    await publish_qos1(pub, "inflight/t", [b"owed"])
+    first = await sub.recv()
+    assert isinstance(first, Publish) and not first.dup
+    await sub.close()  # no PUBACK
+    await asyncio.sleep(0.2)
+    back = await reconnect(n2.config.port, "unacked", present=True)
+    again = await back.recv()
+    assert again == Publish("inflight/t", b"owed", qos=1, packet_id=first.packet_id, dup=True)
+    await back.send(Puback(first.packet_id or 0))  # [MQTT-4.4.0-1]
+    await back.expect_silence(0.5)
+    await back.close()
+    await pub.close()
+
+
+async def test_qos2_inbound_exactly_once_across_a_move(nodes: list[Node]) -> None:
+    n1, n2, n3 = nodes
+    watcher = await RawClient.connected(n3.config.port, "q2-watch")
+    await watcher.subscribe(("q2/in", 2))
+    pub = await RawClient.connected(n1.config.port, "q2-pub", clean_session=False)
+    await pub.send(Publish("q2/in", b"once", qos=2, packet_id=7))
+    assert await pub.recv() == Pubrec(7)
+    await pub.close()  # gone before PUBREL
+    await asyncio.sleep(0.2)
+    back = await reconnect(n2.config.port, "q2-pub", present=True)
+    await back.send(Publish("q2/in", b"once", qos=2, packet_id=7, dup=True))
+    assert await back.recv() == Pubrec(7)  # acknowledged, not published again
+    await back.send(Pubrel(7))
+    assert await back.recv() == Pubcomp(7)
+    got = await watcher.recv()
+    assert isinstance(got, Publish) and got.payload == b"once"
+    await watcher.send(Pubrec(got.packet_id or 0))
+    assert await watcher.recv() == Pubrel(got.packet_id or 0)
+    await watcher.send(Pubcomp(got.packet_id or 0))
+    await watcher.expect_silence(1.0)
+    await back.close()
+    await watcher.close()
+
+
+async def test_qos2_outbound_exactly_once_across_a_move(nodes: list[Node]) -> None:
+    n1, n2, n3 = nodes
+    sub = await RawClient.connected(n1.config.port, "q2-out", clean_session=False)
+    await sub.subscribe(("q2/out", 2))
+    pub = await RawClient.connected(n3.config.port, "q2-out-pub")
+    await pub.send(Publish("q2/out", b"exactly", qos=2, packet_id=1))
+    assert await pub.recv() == Pubrec(1)
+    await pub.send(Pubrel(1))
+    assert await pub.recv() == Pubcomp(1)
+    got = await sub.recv()
+    assert isinstance(got, Publish) and got.qos == 2
+    await sub.send(Pubrec(got.packet_id or 0))
+    assert await sub.recv() == Pubrel(got.packet_id or 0)
+    await sub.close()  # gone before PUBCOMP
+    await asyncio.sleep(0.2)
+    back = await reconnect(n2.config.port, "q2-out", present=True)
+    assert await back.recv() == Pubrel(got.packet_id or 0)  # not the PUBLISH again
+    await back.send(Pubcomp(got.packet_id or 0))
+    await back.expect_silence(0.5)
+    await back.close()
+    await pub.close()
+
+
+async def test_takeover_across_nodes_closes_old_and_publishes_its_will(nodes: list[Node]) -> None:
+    n1, n2, n3 = nodes
+    watcher = await RawClient.connected(n3.config.port, "will-watch")
+    await watcher.subscribe(("wills/dev", 1))
+    old = await RawClient.connected(
+        n1.config.port, "dev-1", clean_session=False, will=Will("wills/dev", b"old gone", 1)
+    )
+    await old.subscribe(("dev-1/cmd", 1))
+    started = time.monotonic()
+    new = await reconnect(n2.config.port, "dev-1", present=True)  # [MQTT-3.1.4-2]
+    took = time.monotonic() - started
+    await old.expect_closed()
+    will = await watcher.recv()
+    assert isinstance(will, Publish) and will.payload == b"old gone"
+    await watcher.send(Puback(will.packet_id or 0))
+    assert took < 1.0, f"takeover took {took:.3f} s"
+    pub = await RawClient.connected(n3.config.port, "cmd-pub")
+    await publish_qos1(pub, "dev-1/cmd", [b"to the new owner"])
+    got = await new.recv()
+    assert isinstance(got, Publish) and got.payload == b"to the new owner"
+    for c in (new, watcher, pub):
+        await c.close()
+
+
+async def test_racing_connects_end_with_one_owner(nodes: list[Node]) -> None:
+    async def attempt(node: Node) -> RawClient | None:
+        client = await RawClient.open(node.config.port)
+        await client.send(Connect("racer", clean_session=False))
+        try:
+            await client.recv()
+        except (ConnectionError, TimeoutError):
+            return None
+        return client
+
+    clients = [c for c in await asyncio.gather(*(attempt(n) for n in nodes)) if c is not None]
+    await asyncio.sleep(2.0)
+    alive = []
+    for client in clients:
+        try:
+            await client.send(Pingreq())
+            if await client.recv(timeout=2.0) == Pingresp():
+                alive.append(client)
+        except (ConnectionError, TimeoutError, OSError):
+            pass
+    assert len(alive) == 1
+    for client in clients:
+        await client.close()
+
+
+async def test_retained_set_replace_clear_seen_from_every_node(nodes: list[Node]) -> None:
+    n1, n2, n3 = nodes
+    a = await RawClient.connected(n1.config.port, "ret-a")
+    b = await RawClient.connected(n2.config.port, "ret-b")
+    await a.send(Publish("site/x/state", b"first", qos=1, retain=True, packet_id=1))
+    assert await a.recv() == Puback(1)
+    await b.send(Publish("site/x/state", b"second", qos=1, retain=True, packet_id=1))
+    assert await b.recv() == Puback(1)
+    for i, node in enumerate(nodes):
+        sub = await RawClient.connected(node.config.port, f"ret-sub{i}")
+        await sub.subscribe(("site/x/state", 0), packet_id=3)
+        assert await sub.recv() == Publish("site/x/state", b"second", retain=True)
+        await sub.close()
+        wild = await RawClient.connected(node.config.port, f"ret-wild{i}")
+        await wild.subscribe(("site/#", 0))
+        assert await wild.recv() == Publish("site/x/state", b"second", retain=True)
+        await wild.close()
+    await a.send(Publish("site/x/state", b"", qos=1, retain=True, packet_id=2))
+    assert await a.recv() == Puback(2)
+    for i, node in enumerate((n3, n2)):
+        sub = await RawClient.connected(node.config.port, f"ret-empty{i}")
+        await sub.subscribe(("site/#", 0))
+        await sub.expect_silence(0.5)
+        await sub.close()
+    await a.close()
+    await b.close()
+
+
+async def test_clean_session_wipes_an_earlier_session_cluster_wide(nodes: list[Node]) -> None:
+    n1, n2, n3 = nodes
+    sub = await RawClient.connected(n1.config.port, "wiped", clean_session=False)
+    await sub.subscribe(("wipe/t", 1))
+    await sub.send(Disconnect())
+    clean = await RawClient.open(n2.config.port)
+    await clean.send(Connect("wiped", clean_session=True))
+    assert await clean.recv() == Connack(False, 0)  # [MQTT-3.2.2-1]
+    await clean.send(Disconnect())
+    await asyncio.sleep(0.2)
+    again = await reconnect(n3.config.port, "wiped", present=False)  # [MQTT-3.1.2-6]
+    pub = await RawClient.connected(n1.config.port, "wipe-pub")
+    await publish_qos1(pub, "wipe/t", [b"nobody"])
+    await again.expect_silence(0.5)  # the subscription went with the old session
+    await again.close()
+    await pub.close()
+
+
+async def test_records_lost_to_retention_are_counted_and_session_continues(
+    nodes: list[Node], kafka_bootstrap: str, log_topic: str
+) -> None:
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    n1, n2, _ = nodes
+    sub = await RawClient.connected(n1.config.port, "late", clean_session=False)
+    await sub.subscribe(("old/t", 1))
+    await sub.send(Disconnect())
+    pub = await RawClient.connected(n2.config.port, "old-pub")
+    await publish_qos1(pub, "old/t", [str(i).encode() for i in range(5)])
+    partition = n1.router.partition_for_topic("old/t")
+    end = (await n2.log.high_watermarks([partition]))[partition]
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    futures = admin.delete_records([TopicPartition(log_topic, partition, end - 2)])
+    for future in futures.values():
+        future.result(10)  # as retention would: all but the last two records are gone
+    back = await reconnect(n2.config.port, "late", present=True)
+    got = await receive(back, 2)
+    assert [p.payload for p in got] == [b"3", b"4"]
+    assert n2.counters.retention_lost == 3
+    await back.close()
+    await pub.close()
