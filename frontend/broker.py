@@ -302,10 +302,13 @@ class Broker:
         if client is None:
             return
         self.counters.messages_delivered += 1
+        session = client.session
+        dropped = session.dropped
         if client.subscriber is not None:
             client.subscriber.deliver(out)
         else:
-            client.session.deliver(out, online=False)
+            session.deliver(out, online=False)
+        self.counters.messages_dropped += session.dropped - dropped
 
     # -- retained -----------------------------------------------------------------------------
 

@@ -373,3 +373,24 @@ async def test_stats_endpoint_reports_counters(start_node: NodeFactory, count: i
     assert body["consumer_lag"] == {str(partition): 0}
     await sub.close()
     await pub.close()
+
+
+async def test_slow_subscriber_drops_qos0_and_never_stalls_others(start_node: NodeFactory) -> None:
+    node = await start_node()
+    stalled = await RawClient.connected(node.config.port, "stalled")
+    await stalled.subscribe(("flood/t", 0))
+    fast = await RawClient.connected(node.config.port, "fast")
+    await fast.subscribe(("flood/t", 0))
+    pub = await RawClient.connected(node.config.port, "flooder")
+    payload = b"x" * 65536
+    count = 300  # ~20 MB: more than the stalled client's socket buffers can hold
+    for _ in range(count):
+        await pub.send(Publish("flood/t", payload))
+    got = 0
+    while got < count:
+        packet = await fast.recv(timeout=10)
+        assert isinstance(packet, Publish) and packet.payload == payload
+        got += 1
+    assert node.broker.counters.messages_dropped > 0  # the stalled client's QoS 0, counted
+    for c in (stalled, fast, pub):
+        await c.close()
