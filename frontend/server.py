@@ -156,7 +156,10 @@ class Node:
             self._saver.cancel()
         for connection in list(self.connections):
             connection.shutdown()
-        await asyncio.sleep(0)  # let the wills reach the producer queue
+        for _ in range(100):  # until every connection has stored its session and gone
+            if not self.connections:
+                break
+            await asyncio.sleep(0.01)
         if self._releasing:
             await asyncio.gather(*self._releasing.values(), return_exceptions=True)
         await self.broker.stop()

@@ -1,0 +1,124 @@
+"""Kafka and Redis outages: a node keeps running, refuses new sessions with CONNACK 3, never
+acknowledges a PUBLISH that is not durably written, and recovers when the service returns.
+
+Each test runs its own Kafka or Redis (the session's shared ones must stay up) and restarts it
+on the same ports, as an operator restarting a broker would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from frontend.mqtt.packets import Connack, Connect, Puback, Publish
+from frontend.server import Node, NodeConfig
+from headwater.services.kafka import KafkaPorts, LocalKafka
+from headwater.services.kafka_admin import ensure_topic
+from headwater.services.process import ChildProcess
+from headwater.services.redis_server import LocalRedis, require_redis_server
+from tests.e2e.rawmqtt import RawClient
+
+
+async def connack_code(port: int, client_id: str) -> int:
+    client = await RawClient.open(port)
+    await client.send(Connect(client_id))
+    try:
+        answer = await client.recv()
+    finally:
+        await client.close()
+    assert isinstance(answer, Connack)
+    return answer.return_code
+
+
+async def wait_for_connack(port: int, expected: int, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    code = -1
+    while loop.time() < deadline:
+        code = await connack_code(port, f"probe-{expected}")
+        if code == expected:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"CONNACK stayed {code}, expected {expected}")
+
+
+def node_config(bootstrap: str, topic: str, redis_url: str | None = None) -> NodeConfig:
+    return NodeConfig(
+        node_id="outage", host="127.0.0.1", port=0, kafka_bootstrap=bootstrap,
+        redis_url=redis_url, topic=topic, partitions=2,
+    )  # fmt: skip
+
+
+async def test_kafka_outage_gives_connack_3_and_no_early_puback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kafka = LocalKafka(tmp_path / "kafka")
+    bootstrap = await asyncio.to_thread(kafka.start)
+    node: Node | None = None
+    try:
+        await asyncio.to_thread(ensure_topic, bootstrap, "outage", 2, {})
+        node = Node(node_config(bootstrap, "outage"))
+        await node.start()
+        port = node.config.port
+        sub = await RawClient.connected(port, "o-sub")
+        await sub.subscribe(("o/t", 1))
+        pub = await RawClient.connected(port, "o-pub")
+        await pub.send(Publish("o/t", b"before", qos=1, packet_id=1))
+        assert await pub.recv() == Puback(1)
+
+        await asyncio.to_thread(kafka.stop)
+        await pub.send(Publish("o/t", b"during", qos=1, packet_id=2))
+        await pub.expect_silence(3.0)  # not durable, so not acknowledged
+        await wait_for_connack(port, 3, timeout=20)  # server unavailable
+
+        ports = kafka.ports
+        assert ports is not None
+        monkeypatch.setattr(KafkaPorts, "pick", classmethod(lambda cls: ports))
+        await asyncio.to_thread(kafka.start)
+        assert await pub.recv(timeout=60) == Puback(2)  # written once Kafka is back
+        payloads = []
+        for _ in range(2):
+            packet = await sub.recv(timeout=30)
+            assert isinstance(packet, Publish)
+            await sub.send(Puback(packet.packet_id or 0))
+            payloads.append(packet.payload)
+        assert payloads == [b"before", b"during"]
+        await sub.expect_silence(1.0)  # exactly once: the idempotent producer's retries
+        await wait_for_connack(port, 0, timeout=20)
+        await sub.close()
+        await pub.close()
+    finally:
+        if node is not None:
+            await node.stop()
+        await asyncio.to_thread(kafka.stop)
+
+
+async def test_redis_outage_refuses_new_sessions_and_recovers(
+    tmp_path: Path, kafka_bootstrap: str, topic_name: str
+) -> None:
+    redis = LocalRedis(tmp_path / "redis")
+    url = await asyncio.to_thread(redis.start)
+    await asyncio.to_thread(ensure_topic, kafka_bootstrap, topic_name, 2, {})
+    node = Node(node_config(kafka_bootstrap, topic_name, url))
+    await node.start()
+    try:
+        port = node.config.port
+        live = await RawClient.connected(port, "r-live")
+        await live.subscribe(("r/t", 1))
+        await asyncio.to_thread(redis.stop)
+        assert await connack_code(port, "r-new") == 3
+        await live.send(Publish("r/t", b"still", qos=1, packet_id=1))  # needs Kafka only
+        assert await live.recv() == Puback(1)
+        assert isinstance(await live.recv(), Publish)
+
+        assert redis.port is not None
+        argv = redis.argv(require_redis_server(), redis.port)
+        redis.child = ChildProcess.spawn("redis", argv, tmp_path / "redis" / "redis.log")
+        await asyncio.to_thread(redis.wait_ready)
+        await wait_for_connack(port, 0, timeout=20)
+        await live.close()
+    finally:
+        await node.stop()
+        await asyncio.to_thread(redis.stop)
