@@ -33,7 +33,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from frontend import record
 from frontend.record import Message
-from router.partitioner import Router, routing_key
+from router.partitioner import Router
 
 log = logging.getLogger("headwater.log")
 
@@ -196,8 +196,8 @@ class KafkaLog:
     def produce(self, message: Message, on_delivery: DeliveryCallback | None) -> bool:
         """Queue ``message`` for the log; False if the producer queue is full (retry later)."""
         assert self._producer is not None
-        partition = self.router.partition_for_topic(message.topic)
-        callback: Any = None
+        partition, key = self.router.route(message.topic)
+        callback: Any = self._count_delivery
         if on_delivery is not None:
 
             def callback(err: KafkaError | None, msg: Any) -> None:
@@ -208,11 +208,7 @@ class KafkaLog:
 
         try:
             self._producer.produce(
-                self.settings.topic,
-                record.encode(message),
-                routing_key(message.topic, self.router.depth).encode(),
-                partition=partition,
-                on_delivery=callback if callback is not None else self._count_delivery,
+                self.settings.topic, record.encode(message), key, partition, callback
             )
         except BufferError:
             return False

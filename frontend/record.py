@@ -81,21 +81,26 @@ def _varint(n: int) -> bytes:
 _BYTE = [bytes([i]) for i in range(256)]
 
 
+_SMALL = [bytes([n << 1]) for n in range(64)]
+"""Zig-zag varints of 0..63: one byte each (lengths of short strings, QoS)."""
+
+
 def encode(message: Message) -> bytes:
     """The framed record value for ``message``: header, then the datum in field order."""
     topic = message.topic.encode()
     client = message.client_id.encode()
     origin = message.origin_node.encode()
     payload = message.payload
+    small = _SMALL
     return b"".join((
         HEADER,
         message.message_id,
-        _varint(len(topic)), topic,
-        _varint(len(payload)), payload,
-        _varint(message.qos),
+        small[len(topic)] if len(topic) < 64 else _varint(len(topic)), topic,
+        small[len(payload)] if len(payload) < 64 else _varint(len(payload)), payload,
+        small[message.qos] if 0 <= message.qos < 64 else _varint(message.qos),
         b"\x01" if message.retain else b"\x00",
-        _varint(len(client)), client,
-        _varint(len(origin)), origin,
+        small[len(client)] if len(client) < 64 else _varint(len(client)), client,
+        small[len(origin)] if len(origin) < 64 else _varint(len(origin)), origin,
         _varint(message.timestamp_ms),
     ))  # fmt: skip
 

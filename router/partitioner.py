@@ -88,7 +88,7 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
 class Router:
     """Topic -> partition and filter -> partitions for one topic layout."""
 
-    __slots__ = ("_all", "_depth", "_key_partition", "_num_partitions")
+    __slots__ = ("_all", "_depth", "_key_partition", "_num_partitions", "_route")
 
     def __init__(self, num_partitions: int, depth: int = 2, cache_size: int = 65536) -> None:
         if num_partitions < 1:
@@ -101,6 +101,9 @@ class Router:
         self._key_partition: Callable[[str], int] = functools.lru_cache(maxsize=cache_size)(
             self._partition_for_key
         )
+        self._route: Callable[[str], tuple[int, bytes]] = functools.lru_cache(
+            maxsize=cache_size
+        )(self._route_topic)
 
     @property
     def num_partitions(self) -> int:
@@ -117,6 +120,14 @@ class Router:
     def partition_for_topic(self, topic: str) -> int:
         """The partition every PUBLISH to ``topic`` is written to."""
         return self._key_partition(routing_key(topic, self._depth))
+
+    def route(self, topic: str) -> tuple[int, bytes]:
+        """(partition, Kafka record key) for a PUBLISH to ``topic``; cached per topic."""
+        return self._route(topic)
+
+    def _route_topic(self, topic: str) -> tuple[int, bytes]:
+        key = routing_key(topic, self._depth)
+        return self._key_partition(key), key.encode("utf-8")
 
     def partitions_for_filter(self, filter: str) -> frozenset[int]:
         """The partitions that can carry a topic matched by the plain filter ``filter``."""

@@ -527,35 +527,50 @@ class PublishTemplate:
     """One application message pre-encoded at one QoS, for delivery to many subscribers.
 
     ``to_bytes`` varies only what differs per subscriber: the packet identifier and the DUP and
-    RETAIN flags.  The four fixed header + topic name prefixes are encoded up front.  The usual
-    QoS 0 packet (not retained) is encoded once and returned without copying; any other packet
-    is one join of prefix, packet identifier and payload.
+    RETAIN flags, which live in the first byte alone.  The rest of the fixed header and the topic
+    name are encoded once; the usual QoS 0 packet (not retained) is built once, on first use,
+    and returned without copying; any other packet is one join.
     """
 
-    __slots__ = ("_heads", "_payload", "_plain", "qos")
+    __slots__ = ("_plain", "_rest", "payload", "qos")
 
     def __init__(self, topic: str, payload: bytes, qos: int) -> None:
+        if not 0 <= qos <= 2:
+            raise ValueError(f"invalid QoS {qos}")
         topic_bytes = topic.encode("utf-8")
+        if len(topic_bytes) > 0xFFFF:
+            raise ValueError(f"topic of {len(topic_bytes)} bytes exceeds 65535")
         body_size = len(payload) + (2 if qos else 0)
         self.qos = qos
-        self._payload = payload
-        self._heads = tuple(
-            _publish_head(topic_bytes, body_size, _publish_first_byte(qos, dup, retain))
-            for dup in (False, True)
-            for retain in (False, True)
-        )
-        self._plain = b"" if qos else self._heads[0] + payload
+        self.payload = payload
+        self._rest = b"".join(
+            (_remaining_length(2 + len(topic_bytes) + body_size), _U16.pack(len(topic_bytes)),
+             topic_bytes)
+        )  # fmt: skip
+        self._plain: bytes | None = None
 
     def to_bytes(self, packet_id: int | None, dup: bool = False, retain: bool = False) -> bytes:
         """The PUBLISH for one subscriber; ``packet_id`` is given exactly when QoS > 0."""
+        first = _FIRST_BYTES[(self.qos << 2) | (2 if dup else 0) | (1 if retain else 0)]
         if packet_id is None:
             if self.qos or dup:
                 raise ValueError("QoS > 0 needs a packet identifier; QoS 0 cannot be DUP")
-            return self._heads[1] + self._payload if retain else self._plain
+            if retain:
+                return b"".join((first, self._rest, self.payload))
+            if self._plain is None:
+                self._plain = b"".join((first, self._rest, self.payload))
+            return self._plain
         if not self.qos:
             raise ValueError("a QoS 0 PUBLISH carries no packet identifier")
-        head = self._heads[(2 if dup else 0) | (1 if retain else 0)]
-        return b"".join((head, _U16.pack(packet_id), self._payload))
+        return b"".join((first, self._rest, _U16.pack(packet_id), self.payload))
+
+
+_FIRST_BYTES = [
+    bytes((0x30 | (qos << 1) | (0x08 if flags & 2 else 0) | (flags & 1),))
+    for qos in range(4)
+    for flags in range(4)
+]
+"""PUBLISH first bytes indexed by (qos << 2) | (dup << 1) | retain."""
 
 
 def _encode_connect(p: Connect) -> bytes:
