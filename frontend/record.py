@@ -157,7 +157,12 @@ def decode(value: bytes) -> Message:
     topic = cur.text()
     payload = cur.raw(cur.long())
     qos = cur.long()
-    retain = cur.raw(1) == b"\x01"
+    if not 0 <= qos <= 2:
+        raise RecordError(f"QoS {qos} is not 0, 1 or 2")
+    flag = cur.raw(1)
+    if flag not in (b"\x00", b"\x01"):
+        raise RecordError("retain flag is not a boolean")
+    retain = flag == b"\x01"
     client_id = cur.text()
     origin = cur.text()
     timestamp = cur.long()

@@ -104,7 +104,7 @@ class Produce:
 
 @dataclass(slots=True)
 class AddSubscriptions:
-    """Register ``granted`` filters; answer with ``subscribed(packet_id)``."""
+    """Register ``granted`` filters; answer with ``subscribed(request, failed)``."""
 
     packet_id: int
     granted: list[tuple[str, int]]
@@ -197,8 +197,10 @@ class Channel:
 
     def handle_error(self, error: ProtocolError) -> list[Action]:
         """The only place that turns a protocol error into what goes on the wire."""
+        if self.state is State.CLOSED:
+            return []
         actions: list[Action] = []
-        if self.state in (State.CONNECTING, State.OPENING) and error.connack_code is not None:
+        if self.state is State.CONNECTING and error.connack_code is not None:
             actions.append(Send(encode(Connack(False, error.connack_code))))
         actions.append(Close(str(error), publish_will=self._will is not None))
         self._enter_closed()
@@ -229,6 +231,11 @@ class Channel:
 
     def _on_connect(self, connect: Connect) -> list[Action]:
         client_id = connect.client_id
+        if not client_id and connect.protocol_level == 3:
+            raise ConnectRefused(
+                ConnackCode.IDENTIFIER_REJECTED, "MQTT-3.1.3-5",
+                "MQTT 3.1 requires a client identifier of 1 to 23 characters",
+            )  # fmt: skip
         if not client_id:
             if not connect.clean_session:
                 raise ConnectRefused(
@@ -237,8 +244,8 @@ class Channel:
                     "zero-length client id requires cleanSession=1",
                 )
             client_id = f"headwater-{uuid.uuid4().hex}"  # [MQTT-3.1.3-6]
-        elif len(client_id) > self.limits.max_client_id_length or (
-            connect.protocol_level == 3 and len(client_id) > 23
+        elif len(client_id.encode()) > self.limits.max_client_id_length or (
+            connect.protocol_level == 3 and len(client_id.encode()) > 23
         ):
             raise ConnectRefused(
                 ConnackCode.IDENTIFIER_REJECTED, "MQTT-3.1.3-5", "client identifier too long"
@@ -251,6 +258,8 @@ class Channel:
 
     def session_opened(self, session: Session, present: bool) -> list[Action]:
         """The session is ours: CONNACK 0, then whatever the resumed session owes the client."""
+        if self.state is not State.OPENING:
+            return []
         assert self.connect is not None
         self.session = session
         self._will = self.connect.will
@@ -260,6 +269,8 @@ class Channel:
 
     def session_refused(self, code: int, reason: str) -> list[Action]:
         """The session could not be opened: CONNACK ``code``, then close [MQTT-3.2.2-5]."""
+        if self.state is not State.OPENING:
+            return []
         self._enter_closed()
         return [Send(encode(Connack(False, code))), Close(reason, publish_will=False)]
 

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import ast
-import inspect
-from types import ModuleType
-
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from frontend.mqtt.topics import matches
-from router import interest, partitioner
 from router.partitioner import Router, murmur2, partition_for_key, routing_key
 
 # Apache Kafka, clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java, testMurmur2.
@@ -229,18 +224,3 @@ def test_constructed_matches_lie_in_the_filters_partitions(
     filter, topic = pair
     assume(topic and matches(filter, topic))
     assert router.partition_for_topic(topic) in router.partitions_for_filter(filter)
-
-
-def _imported_roots(module: ModuleType) -> set[str]:
-    roots: set[str] = set()
-    for node in ast.walk(ast.parse(inspect.getsource(module))):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            roots.add((node.module or "").split(".")[0])
-    return roots
-
-
-@pytest.mark.parametrize("module", [partitioner, interest])
-def test_router_modules_do_no_io(module: ModuleType) -> None:
-    assert not _imported_roots(module) & {"asyncio", "confluent_kafka", "redis", "socket"}

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import ast
-import inspect
 from collections.abc import Callable
-from types import ModuleType
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from frontend import trie
-from frontend.mqtt import topics
 from frontend.mqtt.errors import MalformedPacket
 from frontend.mqtt.topics import (
     is_valid_filter,
@@ -239,21 +234,3 @@ def test_malformed_shared_filters(filter: str, spec_id: str) -> None:
 def test_plain_filters_named_share_stay_plain() -> None:
     assert is_valid_filter("$share")
     assert parse_shared("$share") is None
-
-
-# -- purity -----------------------------------------------------------------------------------
-
-
-def _imported_roots(module: ModuleType) -> set[str]:
-    roots: set[str] = set()
-    for node in ast.walk(ast.parse(inspect.getsource(module))):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            roots.add((node.module or "").split(".")[0])
-    return roots
-
-
-@pytest.mark.parametrize("module", [topics, trie])
-def test_frontend_modules_do_no_io(module: ModuleType) -> None:
-    assert not _imported_roots(module) & {"asyncio", "confluent_kafka", "redis", "socket"}
