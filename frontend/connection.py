@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
+from confluent_kafka import KafkaException
 from redis.exceptions import RedisError
 
 from frontend.mqtt import channel as ch
@@ -163,6 +164,9 @@ class MqttConnection(asyncio.Protocol):
             self._run(actions)
             if isinstance(packet, Pubrel) and self._persistent:
                 self._background(self._unmark(packet.packet_id))
+        if not self._held and not self._busy and self.decoder.error is not None:
+            self._fail(self.decoder.error)  # after the packets that came before it
+            return
         self._update_reading()
 
     @property
@@ -179,6 +183,8 @@ class MqttConnection(asyncio.Protocol):
         task.add_done_callback(_log_failure)
 
     def _fail(self, error: ProtocolError) -> None:
+        if self._closed:
+            return
         log.warning("client %s (%s): %s", self.channel.client_id or "-", self.peer, error)
         self.node.counters.protocol_errors += 1
         self._run(self.channel.handle_error(error))
@@ -336,7 +342,18 @@ class MqttConnection(asyncio.Protocol):
             def callback(partition: int, offset: int, error: str | None) -> None:
                 self._durable(ticket, message, partition, offset, error)
 
-        if not self.node.log.produce(message, callback):
+        try:
+            written = self.node.log.produce(message, callback)
+        except KafkaException as exc:  # e.g. larger than the topic accepts: never durable
+            log.error(
+                "client %s: publish to %r refused by Kafka (%s); closing without acknowledging",
+                self.channel.client_id,
+                message.topic,
+                exc,
+            )
+            self._run(self.channel.connection_lost("Kafka refused the message"))
+            return
+        if not written:
             self._blocked_produces.append(action)
             self.node.log.when_writable(self._retry_produces)
             self._update_reading()

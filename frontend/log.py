@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from frontend import record
 from frontend.record import Message
+from headwater.topics import MAX_RECORD_BYTES
 from router.partitioner import Router
 
 log = logging.getLogger("headwater.log")
@@ -126,6 +127,7 @@ class KafkaLog:
                 "linger.ms": self.settings.linger_ms,
                 "message.timeout.ms": self.settings.delivery_timeout_ms,
                 "queue.buffering.max.messages": self.settings.queue_max_messages,
+                "message.max.bytes": MAX_RECORD_BYTES,
             }
         )
         self._consumer = Consumer(
@@ -175,6 +177,8 @@ class KafkaLog:
         if self._consumer is not None:
             await loop.run_in_executor(None, self._consumer.close)
             self._consumer = None
+        self._producer = None  # let librdkafka's threads and sockets go now, not at a GC pass
+        self._admin = None
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:

@@ -1,7 +1,8 @@
 """Sessions and retained messages in Redis: what lets any node serve any client.
 
-Key layout (``P`` is the configurable prefix, default ``hw:``; ``{...}`` is a Redis Cluster
-hash tag so each client's keys share a slot):
+Key layout (``P`` is the configurable prefix, default ``hw:``; braces mark where a client or
+node id goes).  One Redis (a primary with replicas) is assumed: the scripts touch keys of
+different clients' or nodes' names, so they are not Redis Cluster safe.
 
 ==============================  ======  ======================================================
 ``P{cid}:session``              hash    ``owner`` node id, ``token`` fencing counter,

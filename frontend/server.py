@@ -47,11 +47,15 @@ from frontend.stores import (
     SessionStore,
 )
 from frontend.takeover import FORCE_AFTER, Coordinator
+from headwater.topics import MAX_RECORD_BYTES
 from router.partitioner import Router
 
 log = logging.getLogger("headwater.server")
 
 SAVE_INTERVAL = 1.0
+DEFAULT_MAX_PACKET_SIZE = MAX_RECORD_BYTES - 128 * 1024
+"""Largest PUBLISH accepted: its record (payload, topic, client id, ~40 bytes of framing)
+must fit in what the log topic and the producer take (``headwater.topics.MAX_RECORD_BYTES``)."""
 
 
 class ConfigError(ValueError):
@@ -68,7 +72,7 @@ class NodeConfig:
     topic: str
     partitions: int
     routing_depth: int = 2
-    max_packet_size: int = 268_435_455
+    max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
     connect_timeout: float = 15.0
     password_file: str | None = None
     redis_prefix: str = "hw:"
@@ -372,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-packet-size",
-        default=_env("MAX_PACKET_SIZE", "268435455"),
+        default=_env("MAX_PACKET_SIZE", str(DEFAULT_MAX_PACKET_SIZE)),
         help="largest accepted packet, bytes [HEADWATER_MAX_PACKET_SIZE]",
     )
     p.add_argument(
@@ -447,7 +451,9 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         topic=args.topic,
         partitions=_int_setting(args.partitions, "--partitions", 1, 100_000),
         routing_depth=_int_setting(args.routing_depth, "--routing-depth", 1, 64),
-        max_packet_size=_int_setting(args.max_packet_size, "--max-packet-size", 2, 268_435_460),
+        max_packet_size=_int_setting(
+            args.max_packet_size, "--max-packet-size", 2, DEFAULT_MAX_PACKET_SIZE
+        ),
         password_file=args.password_file,
         limits=limits,
     )

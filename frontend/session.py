@@ -247,9 +247,13 @@ class Session:
                 lowest[out.partition] = out.offset
         return lowest
 
-    def receive_qos2(self, packet_id: int) -> bool:
-        """Record an inbound QoS 2 PUBLISH; False if it is a resend to acknowledge only."""
-        if packet_id in self.awaiting_rel:
+    def receive_qos2(self, packet_id: int, dup: bool) -> bool:
+        """Record an inbound QoS 2 PUBLISH; False if it is a resend to acknowledge only.
+
+        Only a DUP=1 PUBLISH can be a resend [MQTT-3.3.1-1].  A DUP=0 one with an id still
+        marked is a new message: the client may reuse an id once it got PUBCOMP
+        [MQTT-2.3.1-3], and our PUBCOMP may have gone out before the mark was cleared."""
+        if dup and packet_id in self.awaiting_rel:
             return False
         self.awaiting_rel.add(packet_id)
         return True

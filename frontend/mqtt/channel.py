@@ -292,7 +292,7 @@ class Channel:
         if publish.qos == 1:
             return [Produce(message, self._await_log(Puback(publish.packet_id), message))]
         assert self.session is not None
-        if not self.session.receive_qos2(publish.packet_id):
+        if not self.session.receive_qos2(publish.packet_id, publish.dup):
             return self._reply_again(Pubrec(publish.packet_id))
         ticket = self._await_log(Pubrec(publish.packet_id), message)
         return [Produce(message, ticket, publish.packet_id)]

@@ -11,9 +11,10 @@ the bytes received however they are split.  Invariants:
   every check on a packet runs in a fixed order, and only on bytes of that packet;
 * the fixed header (type, flags, remaining length, exact lengths of the fixed-size packets, and
   the maximum packet size) is checked as soon as it is complete, before any body is buffered;
-* decoding raises only :class:`~.errors.ProtocolError` subclasses, each citing the spec; after
-  one, the decoder is unusable and the connection is to be closed (packets completed earlier in
-  the same ``feed`` call are not returned);
+* decoding finds only :class:`~.errors.ProtocolError` subclasses, each citing the spec.  The
+  packets completed before a malformed one are still returned, in order; the error is kept in
+  ``error`` and raised by the next ``feed``, so the caller handles what came first (a CONNECT,
+  a DISCONNECT) before it closes the connection;
 * validation stops at what bytes alone can tell: a SUBSCRIBE's topic filters are returned as
   strings (the channel answers SUBACK 0x80 for a bad one), and connection state is not checked.
 
@@ -123,14 +124,21 @@ def _header_error(first: int) -> MalformedPacket:
 class Decoder:
     """Bytes in, packets out, for one connection's inbound stream (see the module docstring)."""
 
-    __slots__ = ("_buf", "_max_size")
+    __slots__ = ("_buf", "_max_size", "error")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
         self._buf = bytearray()
         self._max_size = max_packet_size
+        self.error: ProtocolError | None = None
+        """The violation found after the packets last returned; the stream ends there."""
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
-        """Buffer ``data`` and return every packet it completes, in stream order."""
+        """Buffer ``data`` and return every packet it completes, in stream order.
+
+        A malformed packet ends the stream: the packets before it are returned and the error is
+        left in ``error``; any later call raises it."""
+        if self.error is not None:
+            raise self.error
         buf = self._buf
         source: bytes | bytearray
         if buf or not isinstance(data, bytes):
@@ -139,7 +147,13 @@ class Decoder:
         else:
             source = data  # nothing buffered: parse the caller's bytes without copying them
         packets: list[Packet] = []
-        pos = self._decode_packets(source, packets)
+        try:
+            pos = self._decode_packets(source, packets)
+        except ProtocolError as error:
+            self.error = error
+            if not packets:
+                raise
+            return packets
         if source is buf:
             del buf[:pos]
         elif pos < len(source):

@@ -11,6 +11,7 @@ import pytest
 from frontend.mqtt.channel import Limits
 from frontend.server import Node, NodeConfig
 from headwater.services.kafka_admin import ensure_topic
+from headwater.topics import messages_topic
 
 PARTITIONS = 4
 
@@ -20,7 +21,7 @@ NodeFactory = Callable[..., Awaitable[Node]]
 @pytest.fixture
 def log_topic(kafka_bootstrap: str) -> str:
     name = f"test.{uuid.uuid4().hex[:12]}"
-    ensure_topic(kafka_bootstrap, name, PARTITIONS, {})
+    ensure_topic(kafka_bootstrap, name, PARTITIONS, messages_topic(PARTITIONS).config)
     return name
 
 

@@ -51,6 +51,7 @@ class RawClient:
 
     async def expect_closed(self, timeout: float = 5.0) -> None:
         """The server closes the connection (possibly after sending what is already queued)."""
+
         async def closed() -> None:
             while True:
                 try:
@@ -58,6 +59,7 @@ class RawClient:
                         return
                 except ConnectionResetError:
                     return
+
         await asyncio.wait_for(closed(), timeout)
 
     async def expect_silence(self, seconds: float = 0.5) -> None:

@@ -286,12 +286,20 @@ def test_full_queue_evicts_the_oldest_qos0_first() -> None:
 def test_inbound_qos2_is_taken_once_until_released() -> None:
     # [MQTT-4.3.3-2] until PUBREL, a resend with the same id is acknowledged, not published
     session = Session("c", clean=True)
-    assert session.receive_qos2(5)
-    assert not session.receive_qos2(5)
-    assert session.receive_qos2(6)
+    assert session.receive_qos2(5, dup=False)
+    assert not session.receive_qos2(5, dup=True)
+    assert session.receive_qos2(6, dup=False)
     session.release_qos2(5)
-    assert session.receive_qos2(5)
+    assert session.receive_qos2(5, dup=True)
     session.release_qos2(99)  # unknown: harmless
+
+
+def test_inbound_qos2_non_dup_with_a_marked_id_is_a_new_message() -> None:
+    # [MQTT-3.3.1-1] a resend has DUP=1; DUP=0 with a still-marked id is a reuse after PUBCOMP
+    session = Session("c", clean=True)
+    assert session.receive_qos2(5, dup=False)
+    assert session.receive_qos2(5, dup=False)
+    assert not session.receive_qos2(5, dup=True)
 
 
 # -- the state machine -------------------------------------------------------------------------
