@@ -1,0 +1,102 @@
+# Headwater: `make run` starts a local cluster on 127.0.0.1:1883, `make test` runs every check.
+# `install` is idempotent: apt only for missing programs, pip only when pyproject.toml changed,
+# Maven only while Kafka's jars are not cached yet.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+INSTALL_STAMP := $(VENV)/.headwater-install.stamp
+EXTRAS ?= test,dev,analytics
+RUN_ARGS ?=
+BENCH_ARGS ?=
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+# program:Debian package, installed with apt-get when the program is not found.
+APT_NEEDS := redis-server:redis-server haproxy:haproxy mosquitto:mosquitto \
+	mosquitto_pub:mosquitto-clients java:openjdk-17-jre-headless mvn:maven
+
+.PHONY: help install system-packages kafka-jars test lint run docs bench clean distclean
+
+help:
+	@echo "make run      install what is missing, then start a dev cluster (headwater dev up)"
+	@echo "make test     install what is missing, then ruff, mypy and pytest"
+	@echo "make bench    install what is missing, then benchmark Headwater against mosquitto and"
+	@echo "              amqtt (docs/benchmarks.md; BENCH_ARGS=--quick for a smoke run)"
+	@echo "make install  apt packages, .venv, the project with [$(EXTRAS)], Kafka's jars"
+	@echo "make lint     ruff check, ruff format --check, mypy"
+	@echo "make docs     render docs/design.md to docs/design.pdf (installs markdown-pdf into .venv)"
+	@echo "make clean    remove caches and the .headwater state dir (distclean: also .venv)"
+
+install: system-packages $(INSTALL_STAMP) kafka-jars
+
+system-packages:
+	@export PATH="$$PATH:/usr/local/sbin:/usr/sbin:/sbin"; missing=""; \
+	for need in $(APT_NEEDS); do \
+		command -v "$${need%%:*}" >/dev/null 2>&1 || missing="$$missing $${need#*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "apt-get install:$$missing"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+
+$(PY):
+	@python=""; \
+	for candidate in python3 python3.13 python3.12 python3.11; do \
+		if command -v "$$candidate" >/dev/null 2>&1 && \
+			"$$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \
+			python="$$candidate"; break; \
+		fi; \
+	done; \
+	if [ -z "$$python" ]; then echo "Python 3.11+ is required: install python3.11" >&2; exit 1; fi; \
+	if ! "$$python" -m venv $(VENV); then \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv; \
+		"$$python" -m venv $(VENV); \
+	fi
+
+$(INSTALL_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@touch $@
+
+kafka-jars: $(INSTALL_STAMP)
+	@$(PY) -m headwater.services.kafka --fetch >/dev/null
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/pytest -q
+
+lint: $(INSTALL_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+run: install
+	$(VENV)/bin/headwater dev up $(RUN_ARGS)
+
+# markdown-pdf renders with PyMuPDF: no LaTeX, no browser. PyMuPDF 2.x drags in onnxruntime; 1.x does not.
+DOCS_TOOLS := 'markdown-pdf>=1.13,<2' 'pymupdf>=1.24,<2'
+
+docs: | $(PY)
+	@$(PY) -c 'import markdown_pdf, pymupdf' 2>/dev/null || $(PY) -m pip install -q $(DOCS_TOOLS)
+	$(PY) docs/render.py docs/design.md docs/design.pdf
+
+bench: install
+	$(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf .headwater .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
+
+# Analytics (docs/analytics.md): a Spark job on the log, e.g.
+# make analytics ANALYTICS_JOB=top_publishers ANALYTICS_ARGS="--trigger available-now"
+ANALYTICS_JOB ?= traffic
+ANALYTICS_ARGS ?=
+.PHONY: analytics
+analytics: $(INSTALL_STAMP)
+	$(VENV)/bin/headwater analytics $(ANALYTICS_JOB) $(ANALYTICS_ARGS)

@@ -1,0 +1,138 @@
+"""The `headwater` command: `dev up`, `dev down`, `topics create`, and `frontend` (one node).
+
+Argument parsing and dispatch only; the work lives in headwater.devcluster and headwater.services.
+A `HeadwaterError` (something the user can fix) is printed as `headwater: error: <message>` on
+stderr with exit code 1 and no traceback. `frontend` hands the rest of the command line, unparsed,
+to `frontend.server.main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from headwater.errors import HeadwaterError, SettingError
+from headwater.settings import KAFKA_BOOTSTRAP_ENV, external_kafka_bootstrap, mqtt_port
+from headwater.topics import DEFAULT_PARTITIONS
+
+DEFAULT_STATE_DIR = Path(".headwater")
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _dev_up(args: argparse.Namespace) -> int:
+    from headwater.devcluster.up import UpOptions, run_up
+
+    options = UpOptions(
+        nodes=args.nodes,
+        port=mqtt_port(args.port),
+        state_dir=args.state_dir,
+        partitions=args.partitions,
+    )
+    return run_up(options)
+
+
+def _dev_down(args: argparse.Namespace) -> int:
+    from headwater.devcluster.down import run_down
+
+    return run_down(args.state_dir)
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    from headwater.services.kafka_admin import check_reachable, ensure_topic
+    from headwater.topics import project_topics
+
+    bootstrap = args.kafka_bootstrap or external_kafka_bootstrap()
+    if bootstrap is None:
+        raise SettingError(
+            f"no Kafka to talk to: pass --kafka-bootstrap or set {KAFKA_BOOTSTRAP_ENV}"
+        )
+    check_reachable(bootstrap, setting=f"--kafka-bootstrap / {KAFKA_BOOTSTRAP_ENV}")
+    for topic in project_topics(args.partitions):
+        ensure_topic(bootstrap, topic.name, topic.partitions, topic.config)
+        print(f"headwater: topic {topic.name} ready ({topic.partitions} partitions)")
+    return 0
+
+
+def run_frontend(argv: list[str]) -> int:
+    """Run one front-end node; its flags are parsed by frontend.server."""
+    from frontend.server import main as frontend_main
+
+    return int(frontend_main(argv))
+
+
+def run_analytics(argv: list[str]) -> int:
+    """Run a Spark analytics job; its flags are parsed by spark_streaming.cli."""
+    from spark_streaming.cli import main as analytics_main
+
+    return int(analytics_main(argv))
+
+
+def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    dev = commands.add_parser("dev", help="a whole cluster on this machine")
+    dev_commands = dev.add_subparsers(dest="dev_command", required=True, metavar="COMMAND")
+    up = dev_commands.add_parser("up", help="start Kafka, Redis, front-ends and HAProxy")
+    up.add_argument("--nodes", type=_count, default=3, help="front-end nodes (default 3)")
+    up.add_argument("--port", type=int, default=None, help="MQTT port (default 1883)")
+    up.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="default .headwater")
+    up.add_argument("--partitions", type=_positive, default=DEFAULT_PARTITIONS)
+    up.add_argument("--foreground", action="store_true", help="the default: stay attached")
+    up.set_defaults(handler=_dev_up)
+    down = dev_commands.add_parser("down", help="stop a running `dev up`")
+    down.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    down.set_defaults(handler=_dev_down)
+
+
+def _add_topics(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    topics = commands.add_parser("topics", help="Kafka topics of the project")
+    topic_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
+    create = topic_commands.add_parser("create", help="create the topics if missing")
+    create.add_argument("--kafka-bootstrap", default=None, help=f"default ${KAFKA_BOOTSTRAP_ENV}")
+    create.add_argument("--partitions", type=_positive, default=DEFAULT_PARTITIONS)
+    create.set_defaults(handler=_topics_create)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="headwater", description="Headwater MQTT broker")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_dev(commands)
+    _add_topics(commands)
+    commands.add_parser("frontend", help="run one front-end node (flags: see frontend --help)")
+    commands.add_parser("analytics", help="run a Spark job on the log (see analytics --help)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if args_list[:1] == ["frontend"]:
+            return run_frontend(args_list[1:])
+        if args_list[:1] == ["analytics"]:
+            return run_analytics(args_list[1:])
+        args = build_parser().parse_args(args_list)
+        handler: Handler = args.handler
+        return handler(args)
+    except HeadwaterError as exc:
+        print(f"headwater: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""`headwater dev up`: start a whole cluster, hold it until told to stop, then stop it all.
+
+Order of start: checks first (port free, programs installed, settings valid: nothing is started if
+one fails), then Kafka, Redis, topics, front-end nodes, HAProxy. Each stop is pushed on an ExitStack
+as its service starts, so any failure, Ctrl-C or SIGTERM unwinds exactly what was started, newest
+first. Signals only set an Event; every wait polls it, so no signal interrupts a half-done step.
+
+While up, the children are watched: if one exits, the cluster is stopped and the exit reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from headwater.devcluster.nodes import NodeSpec, launch_node, node_specs, wait_node
+from headwater.devcluster.state import (
+    ClusterState,
+    ProcessRecord,
+    read_state,
+    remove_state,
+    state_path,
+    write_state,
+)
+from headwater.errors import Cancelled, ServiceError, SettingError
+from headwater.services import kafka_admin, redis_server
+from headwater.services.haproxy import LocalHAProxy, Server, require_haproxy
+from headwater.services.kafka import LocalKafka
+from headwater.services.ports import LOOPBACK, ensure_port_free
+from headwater.services.process import ChildProcess, start_ticks, terminate_group
+from headwater.services.redis_server import LocalRedis, redact, require_redis_server
+from headwater.settings import external_kafka_bootstrap, external_redis_url
+from headwater.topics import project_topics
+
+PORT_SETTING = "--port / HEADWATER_PORT"
+READY_LINE = "headwater: ready (Ctrl-C to stop)"
+
+
+@dataclass(frozen=True, slots=True)
+class UpOptions:
+    """What `dev up` was asked for."""
+
+    nodes: int
+    port: int
+    state_dir: Path
+    partitions: int
+
+
+class DevCluster:
+    """The services of one `dev up`, started in order and stopped in reverse."""
+
+    def __init__(
+        self, options: UpOptions, env: Mapping[str, str], cancel: threading.Event, out: TextIO
+    ) -> None:
+        self.options = options
+        self.env = env
+        self.cancel = cancel
+        self.out = out
+        self.state_dir = options.state_dir.resolve()
+        self.stack = contextlib.ExitStack()
+        self.children: list[ChildProcess] = []
+        pid = os.getpid()
+        self.state = ClusterState(parent=ProcessRecord("headwater dev up", pid, start_ticks(pid)))
+
+    def __enter__(self) -> DevCluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.children:
+            print("headwater: stopping...", file=self.out, flush=True)
+        self.stack.close()
+
+    def preflight(self) -> None:
+        """Fail before starting anything if a setting, port or program is wrong."""
+        self.claim_state_dir()
+        ensure_port_free(self.options.port, PORT_SETTING)
+        if external_kafka_bootstrap(self.env) is None:
+            LocalKafka(self.state_dir / "kafka", env=self.env).preflight()
+        if external_redis_url(self.env) is None:
+            require_redis_server()
+        require_haproxy()
+
+    def claim_state_dir(self) -> None:
+        """Refuse a state directory in use; stop what a dead `dev up` left running in it."""
+        previous = read_state(self.state_dir)
+        if previous is None:
+            return
+        if previous.parent.identity.alive():
+            raise SettingError(
+                f"a dev cluster already runs from {self.state_dir} (pid {previous.parent.pid}): "
+                "stop it with `headwater dev down` or choose another --state-dir"
+            )
+        for child in reversed(previous.children):
+            terminate_group(child.identity)
+        remove_state(self.state_dir)
+
+    def start(self) -> None:
+        """Bring every service up, in dependency order."""
+        self.preflight()
+        self.stack.callback(remove_state, self.state_dir)
+        bootstrap = self.start_kafka()
+        redis_url = self.start_redis()
+        self.create_topics(bootstrap)
+        specs = self.start_nodes(bootstrap, redis_url)
+        self.start_haproxy(specs)
+
+    def start_kafka(self) -> str:
+        external = external_kafka_bootstrap(self.env)
+        if external is not None:
+            kafka_admin.check_reachable(external)
+            return self._endpoint("kafka", external)
+        self._say("starting Kafka...")
+        kafka = LocalKafka(self.state_dir / "kafka", cancel=self.cancel, env=self.env)
+        self.stack.callback(kafka.stop)
+        started = time.monotonic()
+        self._track(kafka.launch())
+        bootstrap = kafka.wait_ready()
+        self._say(f"Kafka ready at {bootstrap} in {time.monotonic() - started:.1f}s")
+        return self._endpoint("kafka", bootstrap)
+
+    def start_redis(self) -> str:
+        external = external_redis_url(self.env)
+        if external is not None:
+            redis_server.check_reachable(external)
+            return self._endpoint("redis", external)
+        redis = LocalRedis(self.state_dir / "redis", appendonly=True, cancel=self.cancel)
+        self.stack.callback(redis.stop)
+        self._track(redis.launch())
+        url = redis.wait_ready()
+        return self._endpoint("redis", url)
+
+    def create_topics(self, bootstrap: str) -> None:
+        for topic in project_topics(self.options.partitions):
+            kafka_admin.ensure_topic(bootstrap, topic.name, topic.partitions, topic.config)
+            self.state.endpoints[f"topic {topic.name}"] = f"{topic.partitions} partitions"
+
+    def start_nodes(self, bootstrap: str, redis_url: str) -> list[NodeSpec]:
+        specs = node_specs(self.options.nodes, bootstrap, redis_url, self.options.partitions)
+        for spec in specs:
+            child = launch_node(spec, self.state_dir / "nodes")
+            self.stack.callback(child.stop, 15.0)
+            self._track(child)
+            wait_node(spec, child, self.cancel)
+            self._endpoint(spec.node_id, spec.address)
+        return specs
+
+    def start_haproxy(self, specs: list[NodeSpec]) -> None:
+        servers = [Server(spec.node_id, LOOPBACK, spec.port) for spec in specs]
+        haproxy = LocalHAProxy(
+            self.state_dir / "haproxy", self.options.port, servers, cancel=self.cancel
+        )
+        self.stack.callback(haproxy.stop)
+        self._track(haproxy.launch())
+        address = haproxy.wait_ready()
+        self._endpoint("mqtt", address)
+
+    def announce(self) -> None:
+        """Print the endpoints and the ready line."""
+        print(f"headwater: dev cluster up (state: {state_path(self.state_dir)})", file=self.out)
+        for name, value in _display_order(self.state.endpoints):
+            print(f"  {name:<26} {value}", file=self.out)
+        print(READY_LINE, file=self.out, flush=True)
+
+    def watch(self) -> None:
+        """Block until a stop is requested; raise if a child exits on its own."""
+        while not self.cancel.wait(0.5):
+            for child in self.children:
+                if child.poll() is not None:
+                    raise ServiceError(child.describe_exit())
+
+    def _track(self, child: ChildProcess) -> None:
+        self.children.append(child)
+        ticks = child.identity.start_ticks
+        self.state.children.append(ProcessRecord(child.name, child.pid, ticks, str(child.log_path)))
+        write_state(self.state_dir, self.state)
+
+    def _endpoint(self, name: str, value: str) -> str:
+        self.state.endpoints[name] = redact(value) if name == "redis" else value
+        write_state(self.state_dir, self.state)
+        return value
+
+    def _say(self, message: str) -> None:
+        print(f"headwater: {message}", file=self.out, flush=True)
+
+
+def _display_order(endpoints: dict[str, str]) -> Iterator[tuple[str, str]]:
+    labels = {"mqtt": "MQTT (HAProxy)", "kafka": "Kafka bootstrap", "redis": "Redis"}
+    for key in ("mqtt", "kafka", "redis"):
+        if key in endpoints:
+            yield labels[key], endpoints[key]
+    for key, value in endpoints.items():
+        if key not in labels:
+            yield (f"front-end {key}" if key.startswith("node") else key), value
+
+
+@contextlib.contextmanager
+def stop_on_signals(cancel: threading.Event) -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into `cancel.set()` for the duration of the block."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        cancel.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run_up(
+    options: UpOptions, env: Mapping[str, str] = os.environ, out: TextIO = sys.stdout
+) -> int:
+    """Start the cluster, wait for Ctrl-C or SIGTERM, stop everything; 0 on a clean stop."""
+    cancel = threading.Event()
+    with stop_on_signals(cancel):
+        try:
+            with DevCluster(options, env, cancel, out) as cluster:
+                cluster.start()
+                cluster.announce()
+                cluster.watch()
+        except Cancelled:
+            pass
+    print("headwater: stopped", file=out, flush=True)
+    return 0

@@ -1,0 +1,154 @@
+"""Redis for sessions: a local `redis-server` child, or an external one checked with PING.
+
+`LocalRedis(state_dir, appendonly=...)` runs Debian's redis-server on a free loopback port with its
+working directory, log file and (when `appendonly` is set) its append-only file under `state_dir`.
+RDB snapshots are always off: tests want no persistence at all, and `dev up` wants the AOF, which
+survives a crash with at most a second of writes lost. Ready means it answers PING.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.parse
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from headwater.errors import MissingProgramError, ServiceError
+from headwater.services.ports import LOOPBACK, free_port
+from headwater.services.process import ChildProcess, find_program
+from headwater.services.readiness import wait_until
+from headwater.settings import REDIS_URL_ENV
+
+REDIS_HINT = (
+    "redis-server is required to run the local Redis: "
+    "apt-get install redis-server, or set HEADWATER_REDIS_URL"
+)
+
+
+def require_redis_server() -> str:
+    """Path of the redis-server binary, or a MissingProgramError saying what to install."""
+    binary = find_program("redis-server")
+    if binary is None:
+        raise MissingProgramError(REDIS_HINT)
+    return binary
+
+
+def redact(url: str) -> str:
+    """`url` with any password replaced by ***, fit for messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def pings(url: str, timeout: float = 1.0) -> bool:
+    """True if Redis at `url` answers PING within `timeout` seconds."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def check_reachable(url: str, timeout: float = 5.0, setting: str = REDIS_URL_ENV) -> None:
+    """Raise a ServiceError naming `setting` unless Redis at `url` answers PING."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        raise ServiceError(
+            f"Redis at {redact(url)} (setting {setting}) is unreachable: {exc}"
+        ) from None
+    finally:
+        client.close()
+
+
+class LocalRedis:
+    """One redis-server under `state_dir`, started by `start()` and gone after `stop()`."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        appendonly: bool = False,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        self.state_dir = state_dir.resolve()
+        self.appendonly = appendonly
+        self.cancel = cancel
+        self.port: int | None = None
+        self.child: ChildProcess | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("LocalRedis is not started")
+        return f"redis://{LOOPBACK}:{self.port}/0"
+
+    def argv(self, binary: str, port: int) -> list[str]:
+        """The redis-server command line: loopback only, foreground, persistence as configured."""
+        return [
+            binary,
+            "--bind", LOOPBACK,
+            "--port", str(port),
+            "--protected-mode", "yes",
+            "--daemonize", "no",
+            "--dir", str(self.state_dir),
+            "--logfile", "",
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec",
+        ]  # fmt: skip
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start redis-server and return its URL once it answers PING."""
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> ChildProcess:
+        """Spawn redis-server on a free port without waiting for it."""
+        binary = require_redis_server()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        log_path = self.state_dir / "redis.log"
+        self.child = ChildProcess.spawn("redis", self.argv(binary, self.port), log_path)
+        return self.child
+
+    def wait_ready(self, timeout: float = 30.0) -> str:
+        """Wait until the launched Redis answers PING; stop it if it does not."""
+        try:
+            wait_until(
+                lambda: pings(self.url),
+                what=f"Redis at {self.url}",
+                timeout=timeout,
+                child=self.child,
+                cancel=self.cancel,
+                interval=0.05,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def stop(self) -> None:
+        """Stop redis-server (SIGTERM flushes the AOF), SIGKILL after 15 s."""
+        if self.child is not None:
+            self.child.stop(timeout=15.0)
+            self.child = None
+
+    def __enter__(self) -> LocalRedis:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

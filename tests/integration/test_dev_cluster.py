@@ -1,0 +1,202 @@
+"""`headwater dev up` / `dev down` as a user runs them: real subprocesses, signals, ports.
+
+The cluster tests point `dev up` at the session's Kafka and Redis through the environment, so they
+start only HAProxy (with `--nodes 0`) and run in a second or two. The failure tests check that each
+mistake ends with a non-zero exit and one line naming the setting to change, not a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from headwater.devcluster.nodes import NodeSpec
+from headwater.devcluster.up import READY_LINE, DevCluster, UpOptions, run_up
+from headwater.errors import ServiceError
+from headwater.services.ports import port_accepts
+from headwater.services.process import ChildProcess, ProcessIdentity
+from tests.conftest import free_port
+
+HEADWATER = [sys.executable, "-m", "headwater"]
+
+
+@pytest.fixture
+def cluster_env(kafka_bootstrap: str, redis_url: str) -> dict[str, str]:
+    """The environment of a `dev up` that uses the session's Kafka and Redis."""
+    env = {k: v for k, v in os.environ.items() if k != "HEADWATER_PORT"}
+    env["HEADWATER_KAFKA_BOOTSTRAP"] = kafka_bootstrap
+    env["HEADWATER_REDIS_URL"] = redis_url
+    return env
+
+
+class DevUp:
+    """A running `headwater dev up` subprocess whose stdout is read line by line."""
+
+    def __init__(self, state_dir: Path, port: int, env: dict[str, str]) -> None:
+        self.state_dir = state_dir
+        self.port = port
+        argv = [*HEADWATER, "dev", "up", "--nodes", "0", "--port", str(port)]
+        argv += ["--state-dir", str(state_dir), "--partitions", "3"]
+        self.process = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_ready(self, timeout: float = 60.0) -> list[str]:
+        seen: list[str] = []
+        deadline = time.monotonic() + timeout
+        while READY_LINE not in seen:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (self.process.poll() is not None and self.lines.empty()):
+                _, err = self.process.communicate(timeout=30)
+                pytest.fail(f"dev up not ready: {seen}\nstderr: {err}")
+            try:
+                seen.append(self.lines.get(timeout=min(remaining, 0.5)))
+            except queue.Empty:
+                continue
+        return seen
+
+    def child_identities(self) -> list[ProcessIdentity]:
+        state = json.loads((self.state_dir / "headwater.json").read_text())
+        return [ProcessIdentity(c["pid"], c["start_ticks"]) for c in state["children"]]
+
+
+@pytest.fixture
+def dev_up(tmp_path: Path, cluster_env: dict[str, str]) -> Iterator[DevUp]:
+    cluster = DevUp(tmp_path / "state", free_port(), cluster_env)
+    try:
+        yield cluster
+    finally:
+        if cluster.process.poll() is None:
+            cluster.process.send_signal(signal.SIGTERM)
+            cluster.process.wait(60)
+
+
+def _assert_all_gone(cluster: DevUp, children: list[ProcessIdentity]) -> None:
+    assert children, "dev up recorded no child process"
+    assert [c.pid for c in children if c.alive()] == []
+    assert not port_accepts(cluster.port)
+    assert not (cluster.state_dir / "headwater.json").exists()
+
+
+def test_dev_up_serves_then_sigint_leaves_nothing(dev_up: DevUp) -> None:
+    lines = dev_up.wait_ready()
+    assert any(f"127.0.0.1:{dev_up.port}" in line and "MQTT" in line for line in lines)
+    assert port_accepts(dev_up.port)
+    children = dev_up.child_identities()
+    assert all(child.alive() for child in children)
+    dev_up.process.send_signal(signal.SIGINT)
+    assert dev_up.process.wait(60) == 0
+    _assert_all_gone(dev_up, children)
+
+
+def test_dev_down_stops_a_running_cluster(dev_up: DevUp, cluster_env: dict[str, str]) -> None:
+    dev_up.wait_ready()
+    children = dev_up.child_identities()
+    argv = [*HEADWATER, "dev", "down", "--state-dir", str(dev_up.state_dir)]
+    down = subprocess.run(argv, env=cluster_env, capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert dev_up.process.wait(60) == 0
+    _assert_all_gone(dev_up, children)
+
+
+def _dev_up_fails(env: dict[str, str], tmp_path: Path, port: int | None = None) -> str:
+    """Run a `dev up` that must fail; return its stderr after checking the exit and the form."""
+    argv = [*HEADWATER, "dev", "up", "--nodes", "0", "--state-dir", str(tmp_path / "state")]
+    argv += ["--port", str(port if port is not None else free_port())]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("headwater: error: ")
+    return result.stderr
+
+
+def test_taken_port_is_named(tmp_path: Path, cluster_env: dict[str, str]) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        stderr = _dev_up_fails(cluster_env, tmp_path, port)
+    assert f"port 127.0.0.1:{port} is already in use" in stderr
+    assert "--port / HEADWATER_PORT" in stderr
+
+
+def test_unreachable_kafka_is_named(tmp_path: Path, cluster_env: dict[str, str]) -> None:
+    bootstrap = f"127.0.0.1:{free_port()}"
+    env = {**cluster_env, "HEADWATER_KAFKA_BOOTSTRAP": bootstrap}
+    stderr = _dev_up_fails(env, tmp_path)
+    assert f"Kafka at {bootstrap} (setting HEADWATER_KAFKA_BOOTSTRAP) is unreachable" in stderr
+
+
+def test_unreachable_redis_is_named(tmp_path: Path, cluster_env: dict[str, str]) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    stderr = _dev_up_fails({**cluster_env, "HEADWATER_REDIS_URL": url}, tmp_path)
+    assert f"Redis at {url} (setting HEADWATER_REDIS_URL) is unreachable" in stderr
+
+
+def test_malformed_kafka_setting_is_named(tmp_path: Path, cluster_env: dict[str, str]) -> None:
+    env = {**cluster_env, "HEADWATER_KAFKA_BOOTSTRAP": "no-port-here"}
+    stderr = _dev_up_fails(env, tmp_path)
+    assert "HEADWATER_KAFKA_BOOTSTRAP: expected host:port" in stderr
+
+
+def test_missing_java_says_what_to_install(tmp_path: Path, redis_url: str) -> None:
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("JAVA_HOME", "HEADWATER_KAFKA_BOOTSTRAP", "HEADWATER_PORT")
+    }
+    env.update(PATH=str(empty_bin), HEADWATER_REDIS_URL=redis_url)
+    stderr = _dev_up_fails(env, tmp_path)
+    assert "Java 17+ is required to run the local Kafka" in stderr
+    assert "install openjdk-17-jre-headless or set HEADWATER_KAFKA_BOOTSTRAP" in stderr
+
+
+def test_a_second_dev_up_on_the_same_state_dir_is_refused(
+    dev_up: DevUp, cluster_env: dict[str, str]
+) -> None:
+    dev_up.wait_ready()
+    argv = [*HEADWATER, "dev", "up", "--nodes", "0", "--port", str(free_port())]
+    argv += ["--state-dir", str(dev_up.state_dir)]
+    second = subprocess.run(argv, env=cluster_env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1
+    assert "a dev cluster already runs from" in second.stderr
+    assert (dev_up.state_dir / "headwater.json").exists()
+    assert all(child.alive() for child in dev_up.child_identities())
+
+
+def test_a_node_that_exits_early_is_reported_and_everything_stops(
+    tmp_path: Path, cluster_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    crash = "import sys; print('frontend: bad flag --bogus', file=sys.stderr); sys.exit(2)"
+    monkeypatch.setattr(NodeSpec, "argv", lambda self: [sys.executable, "-c", crash])
+    spawned: list[ProcessIdentity] = []
+    original_track = DevCluster._track
+
+    def track(cluster: DevCluster, child: ChildProcess) -> None:
+        spawned.append(child.identity)
+        original_track(cluster, child)
+
+    monkeypatch.setattr(DevCluster, "_track", track)
+    options = UpOptions(nodes=2, port=free_port(), state_dir=tmp_path / "state", partitions=3)
+    with pytest.raises(ServiceError, match=r"(?s)node0 exited with code 2.*bad flag --bogus"):
+        run_up(options, env=cluster_env)
+    assert spawned and not any(identity.alive() for identity in spawned)
+    assert not (tmp_path / "state" / "headwater.json").exists()
