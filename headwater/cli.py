@@ -107,11 +107,27 @@ def _add_topics(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     create.set_defaults(handler=_topics_create)
 
 
+def _stats(args: argparse.Namespace) -> int:
+    from headwater import stats
+
+    urls = args.url or stats.stats_urls(args.state_dir)
+    stats.print_table([stats.fetch(url) for url in urls], sys.stdout)
+    return 0
+
+
+def _add_stats(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("stats", help="each front-end's partitions, fetches and lag")
+    parser.add_argument("url", nargs="*", help="a node's http://host:port/stats (default: dev up)")
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    parser.set_defaults(handler=_stats)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="headwater", description="Headwater MQTT broker")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_dev(commands)
     _add_topics(commands)
+    _add_stats(commands)
     commands.add_parser("frontend", help="run one front-end node (flags: see frontend --help)")
     commands.add_parser("analytics", help="run a Spark job on the log (see analytics --help)")
     return parser

@@ -26,10 +26,15 @@ class NodeSpec:
     kafka_bootstrap: str
     redis_url: str
     partitions: int
+    stats_port: int
 
     @property
     def address(self) -> str:
         return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def stats_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.stats_port}/stats"
 
     def argv(self) -> list[str]:
         return [
@@ -40,13 +45,14 @@ class NodeSpec:
             "--redis-url", self.redis_url,
             "--topic", MESSAGES_TOPIC,
             "--partitions", str(self.partitions),
+            "--stats-listen", f"{LOOPBACK}:{self.stats_port}",
         ]  # fmt: skip
 
 
 def node_specs(count: int, kafka_bootstrap: str, redis_url: str, partitions: int) -> list[NodeSpec]:
     """`count` nodes named node0.. on fresh loopback ports."""
     return [
-        NodeSpec(f"node{i}", free_port(), kafka_bootstrap, redis_url, partitions)
+        NodeSpec(f"node{i}", free_port(), kafka_bootstrap, redis_url, partitions, free_port())
         for i in range(count)
     ]
 

@@ -151,6 +151,7 @@ class DevCluster:
             self._track(child)
             wait_node(spec, child, self.cancel)
             self._endpoint(spec.node_id, spec.address)
+            self._endpoint(f"{spec.node_id} stats", spec.stats_url)
         return specs
 
     def start_haproxy(self, specs: list[NodeSpec]) -> None:

@@ -1,0 +1,155 @@
+"""What one analytics run is asked to do: job, log, windows, sink, checkpoint, trigger.
+
+``JobOptions`` is plain data, built by ``spark_streaming.cli`` from the command line or directly by
+tests and benchmarks; ``validate`` checks the combinations a sink or job cannot honour before any
+Spark work starts.  Durations are Spark interval strings (``"1 minute"``, ``"30 seconds"``);
+``seconds`` parses the subset the jobs need to do arithmetic on them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+SINKS = ("console", "parquet", "mqtt", "memory", "noop")
+OUTPUT_MODES = ("append", "update")
+DEFAULT_TOPIC = "headwater.messages"
+DEFAULT_TRIGGER = "processing-time=10 seconds"
+ANALYTICS_ORIGIN = "headwater-analytics"
+"""``origin_node`` of the records the MQTT sink writes; jobs skip them unless asked not to."""
+
+_UNITS = {
+    "ms": 0.001,
+    "millisecond": 0.001,
+    "second": 1,
+    "sec": 1,
+    "s": 1,
+    "minute": 60,
+    "min": 60,
+    "m": 60,
+    "hour": 3600,
+    "h": 3600,
+    "day": 86400,
+    "d": 86400,
+    "week": 604800,
+}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+?)s?\s*$")
+
+
+class OptionsError(ValueError):
+    """Options that cannot run together; the message names the flag."""
+
+
+def seconds(duration: str) -> float:
+    """Seconds in a duration like ``"1 minute"``, ``"90 seconds"``, ``"2h"``."""
+    match = _DURATION.match(duration.lower())
+    if not match or match.group(2) not in _UNITS:
+        raise OptionsError(f"not a duration: {duration!r} (expected e.g. '1 minute', '30 seconds')")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def spark_interval(duration: str, minimum: int = 1) -> str:
+    """``duration`` as whole seconds, the form Spark's window() and withWatermark() accept."""
+    value = seconds(duration)
+    if value < minimum or value != int(value):
+        raise OptionsError(f"{duration!r}: expected whole seconds, at least {minimum}")
+    return f"{int(value)} seconds"
+
+
+@dataclass(slots=True)
+class Trigger:
+    """``available-now`` (process what is in the log, then stop) or a processing-time interval."""
+
+    available_now: bool = False
+    interval: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Trigger:
+        if text == "available-now":
+            return cls(available_now=True)
+        name, sep, value = text.partition("=")
+        if name == "processing-time" and sep and value.strip():
+            seconds(value)
+            return cls(interval=value.strip())
+        raise OptionsError(
+            f"--trigger: expected available-now or processing-time=<duration>, got {text!r}"
+        )
+
+
+@dataclass(slots=True)
+class JobOptions:
+    job: str
+    bootstrap: str
+    topic: str = DEFAULT_TOPIC
+    master: str | None = None
+    window: str = "1 minute"
+    watermark: str = "30 seconds"
+    prefix_depth: int = 2
+    sink: str = "console"
+    output: str | None = None
+    checkpoint: str | None = None
+    trigger: Trigger = field(default_factory=lambda: Trigger.parse(DEFAULT_TRIGGER))
+    output_mode: str | None = None
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = None
+    distinct: str = "exact"
+    top: int = 10
+    lookback: int = 10
+    min_active: int = 5
+    silence: str = "5 minutes"
+    mqtt_topic: str | None = None
+    routing_depth: int = 2
+    include_analytics: bool = False
+    query_name: str | None = None
+    shuffle_partitions: int = 4
+
+    @property
+    def window_seconds(self) -> int:
+        return int(seconds(spark_interval(self.window)))
+
+    @property
+    def mqtt_base_topic(self) -> str:
+        return self.mqtt_topic or f"analytics/{self.job}"
+
+    @property
+    def name(self) -> str:
+        """The streaming query's name (and the memory sink's table)."""
+        return self.query_name or f"headwater_{self.job}"
+
+
+def validate(options: JobOptions, append_only: bool) -> str:
+    """Check ``options`` for a job (``append_only``: it emits final rows only); the output mode."""
+    if options.sink not in SINKS:
+        raise OptionsError(f"--sink: expected one of {', '.join(SINKS)}, got {options.sink!r}")
+    for flag, value, least in (
+        ("--window", options.window, 1),
+        ("--watermark", options.watermark, 0),
+    ):
+        try:
+            spark_interval(value, least)
+        except OptionsError as exc:
+            raise OptionsError(f"{flag}: {exc}") from None
+    if options.prefix_depth < 1:
+        raise OptionsError(f"--prefix-depth must be at least 1, got {options.prefix_depth}")
+    if options.distinct not in ("exact", "approx"):
+        raise OptionsError(f"--distinct: expected exact or approx, got {options.distinct!r}")
+    if options.sink == "parquet" and options.output is None:
+        raise OptionsError("--sink parquet needs --output DIR")
+    if options.sink in ("parquet", "mqtt") and not options.checkpoint:
+        raise OptionsError(
+            f"--sink {options.sink} needs --checkpoint DIR (restarts continue there)"
+        )
+    mode = options.output_mode or default_output_mode(options.sink, append_only)
+    if mode not in OUTPUT_MODES:
+        raise OptionsError(f"--output-mode: expected append or update, got {mode!r}")
+    if mode == "update" and (append_only or options.sink == "parquet"):
+        what = f"job {options.job}" if append_only else "the parquet sink"
+        raise OptionsError(f"--output-mode update: {what} writes final rows only (append)")
+    return mode
+
+
+def default_output_mode(sink: str, append_only: bool) -> str:
+    """Live sinks show running totals (update); files and append-only jobs get final rows."""
+    if append_only or sink == "parquet":
+        return "append"
+    return "update"
