@@ -43,10 +43,10 @@ def cluster_env(kafka_bootstrap: str, redis_url: str) -> dict[str, str]:
 class DevUp:
     """A running `headwater dev up` subprocess whose stdout is read line by line."""
 
-    def __init__(self, state_dir: Path, port: int, env: dict[str, str]) -> None:
+    def __init__(self, state_dir: Path, port: int, env: dict[str, str], nodes: int = 0) -> None:
         self.state_dir = state_dir
         self.port = port
-        argv = [*HEADWATER, "dev", "up", "--nodes", "0", "--port", str(port)]
+        argv = [*HEADWATER, "dev", "up", "--nodes", str(nodes), "--port", str(port)]
         argv += ["--state-dir", str(state_dir), "--partitions", "3"]
         self.process = subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -115,6 +115,41 @@ def test_dev_down_stops_a_running_cluster(dev_up: DevUp, cluster_env: dict[str, 
     assert down.returncode == 0, down.stderr
     assert dev_up.process.wait(60) == 0
     _assert_all_gone(dev_up, children)
+
+
+def test_dev_up_with_nodes_serves_mosquitto_clients_through_haproxy(
+    tmp_path: Path, cluster_env: dict[str, str]
+) -> None:
+    cluster = DevUp(tmp_path / "state", free_port(), cluster_env, nodes=3)
+    try:
+        cluster.wait_ready(timeout=120)
+        port = str(cluster.port)
+        sub = subprocess.Popen(
+            ["mosquitto_sub", "-h", "127.0.0.1", "-p", port, "-t", "demo/#", "-q", "1",
+             "-C", "3", "-v", "-W", "30"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(1.0)  # mosquitto_sub has no "subscribed" signal; give it its SUBACK
+        for i in range(3):
+            pub = ["mosquitto_pub", "-h", "127.0.0.1", "-p", port, "-q", "1"]
+            subprocess.run([*pub, "-t", f"demo/x/{i}", "-m", f"hello {i}"], check=True, timeout=30)
+        out, _ = sub.communicate(timeout=40)
+        assert sorted(out.splitlines()) == [f"demo/x/{i} hello {i}" for i in range(3)]
+        argv = [*HEADWATER, "stats", "--state-dir", str(cluster.state_dir)]
+        stats = subprocess.run(argv, env=cluster_env, capture_output=True, text=True, timeout=60)
+        assert stats.returncode == 0, stats.stderr
+        rows = stats.stdout.splitlines()
+        assert rows[0].split()[:2] == ["node", "clients"] and len(rows) == 4
+        fetched = [int(row.split()[3]) for row in rows[1:]]
+        assert sum(fetched) == 3  # only the subscriber's node read the three records
+        children = cluster.child_identities()
+        cluster.process.send_signal(signal.SIGINT)
+        assert cluster.process.wait(60) == 0
+        _assert_all_gone(cluster, children)
+    finally:
+        if cluster.process.poll() is None:
+            cluster.process.send_signal(signal.SIGTERM)
+            cluster.process.wait(60)
 
 
 def _dev_up_fails(env: dict[str, str], tmp_path: Path, port: int | None = None) -> str:
