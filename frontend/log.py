@@ -58,6 +58,18 @@ def _transient(exc: KafkaException) -> bool:
     return isinstance(error, KafkaError) and (error.retriable() or error.code() in _TRANSIENT)
 
 
+def next_batch(consumer: Consumer, size: int, wait: float = 0.02) -> list[Any]:
+    """What the consumer has, as soon as it has anything.
+
+    ``consume(n, timeout)`` waits for ``n`` messages or the whole timeout, which at a low rate
+    would hold every record back for the timeout; ``poll`` returns the moment one message is
+    there, and ``consume(n - 1, 0)`` then takes what is already queued without waiting."""
+    first = consumer.poll(wait)
+    if first is None:
+        return []
+    return [first, *consumer.consume(size - 1, 0)]
+
+
 @dataclass(slots=True, frozen=True)
 class Record:
     """A message read back from the log, with its place in it."""
@@ -73,7 +85,7 @@ class LogSettings:
     bootstrap: str
     topic: str
     node_id: str
-    linger_ms: float = 1.0
+    linger_ms: float = 0.0
     delivery_timeout_ms: int = 30_000
     queue_max_messages: int = 100_000
     fetch_batch: int = 1000
@@ -342,7 +354,7 @@ class KafkaLog:
             remaining = {p: end for p, (_, end) in ranges.items()}
             idle_since = time.monotonic()
             while remaining and not stop.is_set():
-                raw = consumer.consume(500, 0.1)
+                raw = next_batch(consumer, 500, 0.1)
                 batch = [r for r in self._decode(raw) if r.offset < remaining.get(r.partition, -1)]
                 for rec in batch:
                     if rec.offset >= remaining[rec.partition] - 1:
@@ -405,7 +417,7 @@ class KafkaLog:
         while self._running:
             self._run_commands(consumer)
             try:
-                raw = consumer.consume(batch_size, 0.02)
+                raw = next_batch(consumer, batch_size)
             except (KafkaException, RuntimeError) as exc:
                 log.warning("consume failed: %s", exc)
                 continue

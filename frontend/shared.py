@@ -37,7 +37,7 @@ from confluent_kafka import (
 )
 
 from frontend import record
-from frontend.log import LogSettings, Record
+from frontend.log import LogSettings, Record, next_batch
 from frontend.mqtt import topics
 
 log = logging.getLogger("headwater.shared")
@@ -202,7 +202,7 @@ class ShareGroup:
             while self._running:
                 self._run_commands(consumer)
                 try:
-                    raw = consumer.consume(500, 0.05)
+                    raw = next_batch(consumer, 500, 0.05)
                 except KafkaException as exc:
                     log.warning("share group %s: %s", self.group, exc)
                     continue
