@@ -140,7 +140,7 @@ class MqttConnection(asyncio.Protocol):
         ):
             self._own_deferred.append(out)  # our PUBACK/PUBREC goes first
             return
-        data = session.deliver(out, online=not self._write_paused)
+        data = session.deliver(out, online=True, writable=not self._write_paused)
         if data is not None:
             self._write(data)
 

@@ -2,23 +2,25 @@
 
 Writes: each message goes to the partition its topic's routing key hashes to (see
 ``router.partitioner``), keyed by that routing key, with an idempotent producer and ``acks=all``.
-``produce`` never blocks: librdkafka queues the record and a poll thread collects delivery reports,
-handing them to the event loop in batches.  A full producer queue makes ``produce`` return False;
-the caller stops reading from its client and is called back once the queue has drained.
+``produce`` never blocks: librdkafka queues the record.  A full producer queue makes ``produce``
+return False; the caller stops reading from its client and is called back once it has drained.
 
 Reads: one consumer with *manual* partition assignment (no consumer group: every interested node
-reads a partition in full).  A consumer thread fetches batches, decodes the records and hands
-them to the event loop in log order per partition.  ``assign`` adds partitions at explicit
-offsets; ``high_watermarks`` reads where each partition ends, so a subscription can start there.
+reads a partition in full).  ``assign`` adds partitions at explicit offsets; ``high_watermarks``
+reads where each partition ends, so a subscription can start there.
 
-Neither thread touches broker state: everything crosses into the loop with
-``call_soon_threadsafe``.  A record consumed here is never produced again, so no message loops.
+librdkafka does the network work in its own C threads.  What is left, taking the records the
+consumer has fetched and the producer's delivery reports, is done by a *pump* on the event loop
+with non-blocking calls: at once again while there is work, every millisecond when idle.  So
+every callback runs in the loop thread, and the pump takes its turn among the client sockets
+however busy they are (threads handing work to the loop were starved under uvloop: a node
+flooded by publishers stopped delivering).  A record consumed here is never produced again, so
+no message loops.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -37,6 +39,9 @@ from headwater.topics import MAX_RECORD_BYTES
 from router.partitioner import Router
 
 log = logging.getLogger("headwater.log")
+
+PUMP_IDLE = 0.001
+"""Seconds between two looks at the consumer and producer queues while nothing happens."""
 
 DeliveryCallback = Callable[[int, int, str | None], None]
 """Called in the event loop with (partition, offset, error); error is None once durable."""
@@ -114,11 +119,11 @@ class KafkaLog:
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
         self._running = False
-        self._threads: list[threading.Thread] = []
+        self._pump_handle: asyncio.Handle | None = None
+        self._probing: asyncio.Future[None] | None = None
         self._reports: list[tuple[DeliveryCallback, int, int, str | None]] = []
         self._blocked: list[Callable[[], None]] = []
         self._assigned: dict[int, bool] = {}
-        self._commands: queue.SimpleQueue[Callable[[Consumer], None]] = queue.SimpleQueue()
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -155,10 +160,7 @@ class KafkaLog:
             }
         )
         self._running = True
-        for target, name in ((self._poll_producer, "producer"), (self._consume, "consumer")):
-            thread = threading.Thread(target=target, name=f"headwater-{name}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._pump_handle = self._loop.call_soon(self._pump)
         self.available = True
 
     def _check_topic(self) -> None:
@@ -180,12 +182,11 @@ class KafkaLog:
 
     async def stop(self, flush_timeout: float = 10.0) -> None:
         loop = asyncio.get_running_loop()
+        self._running = False
+        if self._pump_handle is not None:
+            self._pump_handle.cancel()
         if self._producer is not None:
             await loop.run_in_executor(None, self._producer.flush, flush_timeout)
-        self._running = False
-        for thread in self._threads:
-            await loop.run_in_executor(None, thread.join, 5.0)
-        self._threads.clear()
         if self._consumer is not None:
             await loop.run_in_executor(None, self._consumer.close)
             self._consumer = None
@@ -217,7 +218,7 @@ class KafkaLog:
         if on_delivery is not None:
 
             def callback(err: KafkaError | None, msg: Any) -> None:
-                # Runs in the poll thread, which also swaps the list: look it up each time.
+                # Runs inside the pump's poll(), which then takes the list: look it up each time.
                 self._reports.append(
                     (on_delivery, msg.partition(), msg.offset(), err.str() if err else None)
                 )
@@ -239,18 +240,57 @@ class KafkaLog:
             self.produce_errors += 1
             log.warning("a QoS 0 message was lost by Kafka: %s", err.str())
 
-    def _poll_producer(self) -> None:
-        assert self._producer is not None and self._loop is not None
-        last_probe = 0.0
-        while self._running:
-            self._producer.poll(0.02)
-            if not self.available and time.monotonic() - last_probe > 1.0:
-                last_probe = time.monotonic()
-                self._probe()
-            if self._reports or self._blocked:
-                reports, self._reports = self._reports, []
-                with contextlib.suppress(RuntimeError):  # loop closed during shutdown
-                    self._loop.call_soon_threadsafe(self._deliver_reports, reports)
+    # -- the pump -----------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Take fetched records and delivery reports; come back at once if there were any."""
+        busy = self._serve_producer() | self._serve_consumer()
+        if not self.available:
+            self._start_probe()
+        if self._running and self._loop is not None:
+            if busy:
+                self._pump_handle = self._loop.call_soon(self._pump)
+            else:
+                self._pump_handle = self._loop.call_later(PUMP_IDLE, self._pump)
+
+    def _serve_producer(self) -> bool:
+        assert self._producer is not None
+        if len(self._producer) == 0 and not self._blocked:
+            return False
+        self._producer.poll(0)  # runs the delivery callbacks, which fill self._reports
+        if not self._reports and not self._blocked:
+            return False
+        reports, self._reports = self._reports, []
+        self._deliver_reports(reports)
+        return bool(reports)
+
+    def _serve_consumer(self) -> bool:
+        assert self._consumer is not None
+        if not self._assigned:
+            return False
+        try:
+            raw = self._consumer.consume(self.settings.fetch_batch, 0)
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("consume failed: %s", exc)
+            return False
+        if not raw:
+            return False
+        batch = self._decode(raw)
+        if batch:
+            self._on_records(batch)
+        return True
+
+    def _start_probe(self) -> None:
+        if self._probing is None and self._loop is not None:
+            self._probing = self._loop.run_in_executor(None, self._probe)
+            self._probing.add_done_callback(self._probe_done)
+
+    def _probe_done(self, _: asyncio.Future[None]) -> None:
+        if self._loop is not None:
+            self._loop.call_later(1.0, self._forget_probe)
+
+    def _forget_probe(self) -> None:
+        self._probing = None
 
     def _deliver_reports(
         self, reports: list[tuple[DeliveryCallback, int, int, str | None]]
@@ -379,16 +419,18 @@ class KafkaLog:
         """Start reading these partitions at these offsets."""
         new = [TopicPartition(self.settings.topic, p, o) for p, o in offsets.items()]
         if new:
+            assert self._consumer is not None
             self._assigned.update(dict.fromkeys(offsets, True))
-            self._commands.put(lambda consumer: consumer.incremental_assign(new))
+            self._consumer.incremental_assign(new)
 
     def unassign(self, partitions: Iterable[int]) -> None:
         """Stop reading these partitions."""
         gone = [TopicPartition(self.settings.topic, p) for p in partitions if p in self._assigned]
         if gone:
+            assert self._consumer is not None
             for tp in gone:
                 self._assigned.pop(tp.partition, None)
-            self._commands.put(lambda consumer: consumer.incremental_unassign(gone))
+            self._consumer.incremental_unassign(gone)
 
     def assigned(self) -> list[int]:
         return sorted(self._assigned)
@@ -398,45 +440,13 @@ class KafkaLog:
 
         The watermark is the one the last fetch response carried; their difference is the lag.
         A position of -1001 means nothing was fetched yet (the assigned offset still applies)."""
+        assert self._consumer is not None
         tps = [TopicPartition(self.settings.topic, p) for p in self._assigned]
-        answer: concurrent.futures.Future[dict[int, tuple[int, int]]] = concurrent.futures.Future()
-
-        def ask(consumer: Consumer) -> None:
-            found = {}
-            for tp in consumer.position(tps):
-                _, high = consumer.get_watermark_offsets(tp, cached=True)
-                found[tp.partition] = (tp.offset, high)
-            answer.set_result(found)
-
-        self._commands.put(ask)
-        return await asyncio.wrap_future(answer)
-
-    def _consume(self) -> None:
-        assert self._consumer is not None and self._loop is not None
-        consumer, loop, batch_size = self._consumer, self._loop, self.settings.fetch_batch
-        while self._running:
-            self._run_commands(consumer)
-            try:
-                raw = next_batch(consumer, batch_size)
-            except (KafkaException, RuntimeError) as exc:
-                log.warning("consume failed: %s", exc)
-                continue
-            if raw:
-                batch = self._decode(raw)
-                if batch:
-                    with contextlib.suppress(RuntimeError):
-                        loop.call_soon_threadsafe(self._on_records, batch)
-
-    def _run_commands(self, consumer: Consumer) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                command(consumer)
-            except KafkaException as exc:
-                log.error("consumer assignment change failed: %s", exc)
+        found = {}
+        for tp in self._consumer.position(tps):
+            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            found[tp.partition] = (tp.offset, high)
+        return found
 
     def _decode(self, raw: list[Any]) -> list[Record]:
         batch: list[Record] = []

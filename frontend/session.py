@@ -125,8 +125,12 @@ class Session:
 
     # -- outbound ---------------------------------------------------------------------------
 
-    def deliver(self, out: Outbound, online: bool) -> bytes | None:
-        """Take a message for the client: the bytes to send now, or None if it was queued."""
+    def deliver(self, out: Outbound, online: bool, writable: bool = True) -> bytes | None:
+        """Take a message for the client: the bytes to send now, or None if it was queued.
+
+        ``online`` false: the client is away (QoS 0 is dropped, QoS 1/2 queued).  ``writable``
+        false: it is connected but its socket is backed up, so the message waits in the queue,
+        where the bound evicts QoS 0 first."""
         if not online:
             if out.qos > 0:
                 self._enqueue(out)
@@ -134,11 +138,12 @@ class Session:
                 self.dropped += 1
                 out.done()
             return None
-        if out.qos == 0 and not self.queue:
-            out.done()
-            return out.first_send()
-        if out.qos > 0 and not self.queue and len(self.inflight) < self.max_inflight:
-            return self._send_inflight(out)
+        if writable and not self.queue:
+            if out.qos == 0:
+                out.done()
+                return out.first_send()
+            if len(self.inflight) < self.max_inflight:
+                return self._send_inflight(out)
         self._enqueue(out)
         return None
 

@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 
+from frontend.mqtt.channel import Limits
 from frontend.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 from frontend.server import Node
 from router.partitioner import Router
@@ -376,7 +377,7 @@ async def test_stats_endpoint_reports_counters(start_node: NodeFactory, count: i
 
 
 async def test_slow_subscriber_drops_qos0_and_never_stalls_others(start_node: NodeFactory) -> None:
-    node = await start_node()
+    node = await start_node(limits=Limits(max_queued=50))
     stalled = await RawClient.connected(node.config.port, "stalled")
     await stalled.subscribe(("flood/t", 0))
     fast = await RawClient.connected(node.config.port, "fast")
