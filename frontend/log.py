@@ -411,10 +411,6 @@ class KafkaLog:
         finally:
             consumer.close()
 
-    # The consumer handle is only ever used by the consumer thread: a call into it from the
-    # loop thread could wait on that thread while holding the GIL.  Assignment changes are
-    # therefore commands, run by the consumer thread between two fetches.
-
     def assign(self, offsets: dict[int, int]) -> None:
         """Start reading these partitions at these offsets."""
         new = [TopicPartition(self.settings.topic, p, o) for p, o in offsets.items()]

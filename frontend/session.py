@@ -6,8 +6,9 @@ A session outlives connections when the client connected with cleanSession=0.  I
 * ``inflight``: outbound QoS 1/2 messages sent but not completed, keyed by packet id, in the order
   they were first sent (dict order), each either awaiting PUBACK/PUBREC (``released`` false) or,
   for QoS 2, awaiting PUBCOMP after our PUBREL (``released`` true);
-* ``queue``: messages waiting for a free in-flight slot, or for an offline client to come back
-  (QoS 1/2 only: QoS 0 is not queued for a client that is away, as Mosquitto does by default);
+* ``queue``: messages waiting for a free in-flight slot or for a backed-up socket to drain, or
+  for an offline client to come back (QoS 1/2 only: QoS 0 is not queued for a client that is
+  away, as Mosquitto does by default);
 * ``awaiting_rel``: inbound QoS 2 packet ids whose PUBLISH went to the log but whose PUBREL has
   not arrived, so a DUP resend is acknowledged again but never published twice [MQTT-4.3.3-2].
 
