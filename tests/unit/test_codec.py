@@ -146,7 +146,10 @@ def outcome(
     chunks: Sequence[bytes | bytearray | memoryview],
     max_size: int = codec.MAX_PACKET_SIZE,
 ) -> tuple[list[Packet], tuple[type, str] | None]:
-    """The packets decoded from ``chunks`` and the error that stopped decoding, if any."""
+    """The packets decoded from ``chunks`` and the error that stopped decoding, if any.
+
+    The error is raised by ``feed``, or, when the same call completed packets before it, kept
+    in ``decoder.error`` (and raised by the next call)."""
     decoder = Decoder(max_size)
     decoded: list[Packet] = []
     try:
@@ -154,6 +157,8 @@ def outcome(
             decoded += decoder.feed(chunk)
     except ProtocolError as e:
         return decoded, (type(e), e.spec_id)
+    if decoder.error is not None:
+        return decoded, (type(decoder.error), decoder.error.spec_id)
     return decoded, None
 
 
@@ -729,3 +734,12 @@ def test_codec_does_no_io() -> None:
         if isinstance(node, ast.ImportFrom) and not node.level
     }
     assert imported <= {"__future__", "struct", "collections", "dataclasses", "typing"}
+
+
+def test_packets_before_a_malformed_one_are_returned_then_the_error_is_raised() -> None:
+    decoder = Decoder()
+    ping = encode(Pingreq())
+    assert decoder.feed(ping + ping + b"\x00\x00") == [Pingreq(), Pingreq()]
+    assert decoder.error is not None and decoder.error.spec_id == "MQTT-2.2.1"
+    with pytest.raises(MalformedPacket):
+        decoder.feed(ping)
