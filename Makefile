@@ -85,6 +85,7 @@ docs: | $(PY)
 
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
+	$(PY) -m bench.sessions
 
 clean:
 	rm -rf .headwater .mypy_cache .ruff_cache .pytest_cache build *.egg-info
