@@ -41,8 +41,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("headwater.connection")
 
-MAX_HELD_PACKETS = 1000
-"""Packets held back behind a busy task before reading pauses."""
+WRITE_BUFFER_HIGH = 1024 * 1024
+"""Bytes waiting in a connection's transport before its messages are queued instead."""
+
+DRAIN_BUDGET = 256
+"""Packets handled in one go: a read that brings more (a flood) is handled in slices, with the
+socket paused, so other connections and the Kafka pump get their turns in between."""
 
 
 class MqttConnection(asyncio.Protocol):
@@ -55,6 +59,7 @@ class MqttConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._held: deque[Packet] = deque()
         self._busy = False
+        self._drain_scheduled = False
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._write_paused = False
@@ -76,6 +81,8 @@ class MqttConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # asyncio's default 64 KiB would count one large message as a backed-up client.
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.node.connections.add(self)
@@ -154,7 +161,14 @@ class MqttConnection(asyncio.Protocol):
     # -- packets in ---------------------------------------------------------------------------
 
     def _drain(self) -> None:
+        self._drain_scheduled = False
+        budget = DRAIN_BUDGET
         while self._held and not self._busy and not self._closed:
+            if budget == 0:  # the rest after other connections and the Kafka pump had a turn
+                self._drain_scheduled = True
+                self._loop.call_soon(self._drain)
+                break
+            budget -= 1
             packet = self._held.popleft()
             try:
                 actions = self.channel.handle_in(packet)
@@ -226,7 +240,7 @@ class MqttConnection(asyncio.Protocol):
         limit = self.node.config.limits.max_pending_publishes
         pressed = (
             self.channel.pending_publishes >= limit
-            or len(self._held) >= MAX_HELD_PACKETS
+            or len(self._held) >= DRAIN_BUDGET
             or bool(self._blocked_produces)
         )
         if pressed and not self._read_paused:

@@ -415,7 +415,8 @@ class KafkaLog:
         """Start reading these partitions at these offsets."""
         new = [TopicPartition(self.settings.topic, p, o) for p, o in offsets.items()]
         if new:
-            assert self._consumer is not None
+            if self._consumer is None:
+                return  # stopped: nothing to read any more
             self._assigned.update(dict.fromkeys(offsets, True))
             self._consumer.incremental_assign(new)
 
@@ -423,10 +424,10 @@ class KafkaLog:
         """Stop reading these partitions."""
         gone = [TopicPartition(self.settings.topic, p) for p in partitions if p in self._assigned]
         if gone:
-            assert self._consumer is not None
             for tp in gone:
                 self._assigned.pop(tp.partition, None)
-            self._consumer.incremental_unassign(gone)
+            if self._consumer is not None:  # after stop() there is nothing to release
+                self._consumer.incremental_unassign(gone)
 
     def assigned(self) -> list[int]:
         return sorted(self._assigned)

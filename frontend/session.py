@@ -99,6 +99,7 @@ class Session:
 
     __slots__ = (
         "_last_id",
+        "_queued_qos0",
         "awaiting_rel",
         "clean",
         "client_id",
@@ -123,6 +124,7 @@ class Session:
         self.awaiting_rel: set[int] = set()
         self.dropped = 0
         self._last_id = 0
+        self._queued_qos0 = 0
 
     # -- outbound ---------------------------------------------------------------------------
 
@@ -179,6 +181,7 @@ class Session:
                 break
             self.queue.popleft()
             if head.qos == 0:
+                self._queued_qos0 -= 1
                 head.done()
             sent.append(self._send_inflight(head) if head.qos > 0 else head.first_send())
         return sent
@@ -198,11 +201,15 @@ class Session:
             out.done()
             return
         self.queue.append(out)
+        self._queued_qos0 += out.qos == 0
 
     def _evict_qos0(self) -> bool:
+        if not self._queued_qos0:
+            return False  # the common case under overload of QoS 1/2: no scan
         for i, queued in enumerate(self.queue):
             if queued.qos == 0:
                 del self.queue[i]
+                self._queued_qos0 -= 1
                 self.dropped += 1
                 queued.done()
                 return True

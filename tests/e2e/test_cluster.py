@@ -384,14 +384,20 @@ async def test_slow_subscriber_drops_qos0_and_never_stalls_others(start_node: No
     await fast.subscribe(("flood/t", 0))
     pub = await RawClient.connected(node.config.port, "flooder")
     payload = b"x" * 65536
-    count = 300  # ~20 MB: more than the stalled client's socket buffers can hold
-    for _ in range(count):
-        await pub.send(Publish("flood/t", payload))
+    count = 300  # ~20 MB: more than the stalled client's buffers and bounded queue hold
+
+    async def publish_paced() -> None:  # a rate a healthy client keeps up with
+        for _ in range(count):
+            await pub.send(Publish("flood/t", payload))
+            await asyncio.sleep(0.005)
+
+    sender = asyncio.create_task(publish_paced())
     got = 0
     while got < count:
         packet = await fast.recv(timeout=10)
         assert isinstance(packet, Publish) and packet.payload == payload
         got += 1
+    await sender
     assert node.broker.counters.messages_dropped > 0  # the stalled client's QoS 0, counted
     for c in (stalled, fast, pub):
         await c.close()
