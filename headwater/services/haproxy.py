@@ -14,11 +14,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from headwater.errors import MissingProgramError, ServiceError
 from headwater.services.ports import LOOPBACK, port_accepts
-from headwater.services.process import ChildProcess, find_program
+from headwater.services.process import ChildProcess, LocalService, find_program
 from headwater.services.readiness import wait_until
 
 HAPROXY_HINT = "haproxy is required for the local cluster: apt-get install haproxy"
@@ -78,7 +77,7 @@ def check_config(binary: str, config: Path) -> None:
         raise ServiceError(f"HAProxy rejected {config}:\n{output}")
 
 
-class LocalHAProxy:
+class LocalHAProxy(LocalService):
     """HAProxy for `servers` on loopback `port`, started by `start()` and gone after `stop()`."""
 
     def __init__(
@@ -120,34 +119,14 @@ class LocalHAProxy:
 
     def wait_ready(self, timeout: float = 15.0) -> str:
         """Wait until the launched HAProxy accepts connections; stop it if it does not."""
-        try:
-            wait_until(
+        return self._ready_or_stop(
+            lambda: wait_until(
                 lambda: port_accepts(self.port),
                 what=f"HAProxy on {self.address}",
                 timeout=timeout,
                 child=self.child,
                 cancel=self.cancel,
                 interval=0.05,
-            )
-        except BaseException:
-            self.stop()
-            raise
-        return self.address
-
-    def stop(self) -> None:
-        """Stop HAProxy (SIGTERM is an immediate stop)."""
-        if self.child is not None:
-            self.child.stop(timeout=10.0)
-            self.child = None
-
-    def __enter__(self) -> LocalHAProxy:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+            ),
+            self.address,
+        )

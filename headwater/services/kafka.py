@@ -25,14 +25,13 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from headwater.errors import HeadwaterError, ServiceError
 from headwater.services import kafka_classpath
 from headwater.services.java import require_java
 from headwater.services.kafka_admin import wait_until_ready
 from headwater.services.ports import LOOPBACK, free_port
-from headwater.services.process import ChildProcess
+from headwater.services.process import ChildProcess, LocalService
 
 JVM_OPTIONS = (
     "-Xms256m",
@@ -113,8 +112,10 @@ def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-class LocalKafka:
+class LocalKafka(LocalService):
     """One Kafka JVM under `state_dir`, started by `start()` and gone after `stop()`."""
+
+    STOP_TIMEOUT = 30.0  # a controlled shutdown takes a while
 
     def __init__(
         self,
@@ -169,18 +170,10 @@ class LocalKafka:
 
     def wait_ready(self, timeout: float = 90.0) -> str:
         """Wait until the launched Kafka answers; stop it if it does not."""
-        try:
-            wait_until_ready(self.bootstrap, timeout, child=self.child, cancel=self.cancel)
-        except BaseException:
-            self.stop()
-            raise
-        return self.bootstrap
-
-    def stop(self) -> None:
-        """Stop the JVM (controlled shutdown, then SIGKILL after 30 s)."""
-        if self.child is not None:
-            self.child.stop(timeout=30.0)
-            self.child = None
+        return self._ready_or_stop(
+            lambda: wait_until_ready(self.bootstrap, timeout, child=self.child, cancel=self.cancel),
+            self.bootstrap,
+        )
 
     def _log4j_option(self) -> str:
         return f"-Dlog4j2.configurationFile={self.state_dir / 'log4j2.properties'}"
@@ -199,18 +192,6 @@ class LocalKafka:
         if result.returncode != 0:
             output = (result.stdout + result.stderr).strip()
             raise ServiceError(f"formatting Kafka storage in {self.data_dir} failed:\n{output}")
-
-    def __enter__(self) -> LocalKafka:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

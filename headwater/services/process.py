@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 PR_SET_PDEATHSIG = 1
@@ -205,3 +207,42 @@ class ChildProcess:
         tail = self.log_tail()
         report = f"{self.name} exited with code {self.popen.returncode} (log: {self.log_path})"
         return f"{report}; last lines:\n{tail}" if tail else report
+
+
+class LocalService:
+    """A server run as one child process: ``launch`` spawns it (in the subclass), then
+    ``_ready_or_stop`` waits for it to answer, stopping it if it never does; ``stop`` ends it.
+    Usable as a context manager that starts and stops it."""
+
+    STOP_TIMEOUT = 15.0
+    """Seconds between SIGTERM and SIGKILL."""
+
+    child: ChildProcess | None
+
+    def start(self) -> str:
+        raise NotImplementedError
+
+    def _ready_or_stop(self, wait: Callable[[], None], address: str) -> str:
+        try:
+            wait()
+        except BaseException:
+            self.stop()
+            raise
+        return address
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop(timeout=self.STOP_TIMEOUT)
+            self.child = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

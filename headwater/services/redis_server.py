@@ -11,13 +11,12 @@ from __future__ import annotations
 import threading
 import urllib.parse
 from pathlib import Path
-from types import TracebackType
 
 import redis
 
 from headwater.errors import MissingProgramError, ServiceError
 from headwater.services.ports import LOOPBACK, free_port
-from headwater.services.process import ChildProcess, find_program
+from headwater.services.process import ChildProcess, LocalService, find_program
 from headwater.services.readiness import wait_until
 from headwater.settings import REDIS_URL_ENV
 
@@ -68,8 +67,10 @@ def check_reachable(url: str, timeout: float = 5.0, setting: str = REDIS_URL_ENV
         client.close()
 
 
-class LocalRedis:
-    """One redis-server under `state_dir`, started by `start()` and gone after `stop()`."""
+class LocalRedis(LocalService):
+    """One redis-server under `state_dir`, started by `start()` and gone after `stop()`.
+
+    SIGTERM makes Redis flush its append-only file before it exits."""
 
     def __init__(
         self,
@@ -121,34 +122,14 @@ class LocalRedis:
 
     def wait_ready(self, timeout: float = 30.0) -> str:
         """Wait until the launched Redis answers PING; stop it if it does not."""
-        try:
-            wait_until(
+        return self._ready_or_stop(
+            lambda: wait_until(
                 lambda: pings(self.url),
                 what=f"Redis at {self.url}",
                 timeout=timeout,
                 child=self.child,
                 cancel=self.cancel,
                 interval=0.05,
-            )
-        except BaseException:
-            self.stop()
-            raise
-        return self.url
-
-    def stop(self) -> None:
-        """Stop redis-server (SIGTERM flushes the AOF), SIGKILL after 15 s."""
-        if self.child is not None:
-            self.child.stop(timeout=15.0)
-            self.child = None
-
-    def __enter__(self) -> LocalRedis:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+            ),
+            self.url,
+        )
