@@ -132,6 +132,9 @@ class KafkaLog:
         common: dict[str, Any] = {
             "bootstrap.servers": self.settings.bootstrap,
             "error_cb": self._on_error,
+            # Small requests on a quiet link otherwise wait for the previous one's ACK (Nagle
+            # meeting delayed ACKs): tens to hundreds of milliseconds of tail latency.
+            "socket.nagle.disable": True,
         }
         self._admin = AdminClient(dict(common))
         await self._loop.run_in_executor(None, self._check_topic)
@@ -384,6 +387,7 @@ class KafkaLog:
         consumer = Consumer({
             "bootstrap.servers": self.settings.bootstrap,
             "group.id": f"headwater-replay-{self.settings.node_id}",
+            "socket.nagle.disable": True,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "enable.partition.eof": False,

@@ -144,6 +144,7 @@ class ShareGroup:
         consumer = Consumer({
             "bootstrap.servers": self._settings.bootstrap,
             "group.id": group_id(self.group, self.filter),
+            "socket.nagle.disable": True,
             "client.id": f"headwater-{self._settings.node_id}-share",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
