@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from frontend.mqtt import channel as ch
 from frontend.mqtt.codec import Decoder
 from frontend.mqtt.errors import ProtocolError
-from frontend.mqtt.packets import SUBACK_FAILURE, ConnackCode, Packet, Pubrel
+from frontend.mqtt.packets import ConnackCode, Packet, Pubrel
 from frontend.record import Message
 from frontend.session import Outbound, Session, StoredSession
 from frontend.stores import Lease
@@ -487,4 +487,4 @@ def _log_failure(task: asyncio.Task[None]) -> None:
         log.error("background work failed: %r", task.exception())
 
 
-__all__ = ["SUBACK_FAILURE", "MqttConnection"]
+__all__ = ["MqttConnection"]
