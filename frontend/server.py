@@ -147,7 +147,7 @@ class Node:
         store = RedisSessionStore(client, prefix)
         self.sessions = store
         self.retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
-        self.coordinator = Coordinator(store, self.config.node_id, self._release_requested)
+        self.coordinator = Coordinator(store, self.config.node_id, self.broker.take_over)
         await self.coordinator.start()
         self._redis = client
 
@@ -210,10 +210,6 @@ class Node:
             return False
         await asyncio.gather(releasing, return_exceptions=True)
         return True
-
-    def _release_requested(self, client_id: str) -> None:
-        """Another node wants the session of ``client_id``."""
-        self.broker.take_over(client_id)
 
     def release_session(self, lease: Lease, state: StoredSession | None) -> None:
         task = asyncio.get_running_loop().create_task(self.sessions.release(lease, state))
