@@ -101,9 +101,9 @@ class Router:
         self._key_partition: Callable[[str], int] = functools.lru_cache(maxsize=cache_size)(
             self._partition_for_key
         )
-        self._route: Callable[[str], tuple[int, bytes]] = functools.lru_cache(
-            maxsize=cache_size
-        )(self._route_topic)
+        self._route: Callable[[str], tuple[int, bytes]] = functools.lru_cache(maxsize=cache_size)(
+            self._route_topic
+        )
 
     @property
     def num_partitions(self) -> int:

@@ -108,8 +108,15 @@ logger.broker.level = INFO
 
 
 def new_cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (as Uuid.toString)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (as Uuid.toString).
+
+    Like Kafka's Uuid.randomUuid, an id starting with "-" is drawn again: the storage tool
+    (and any command line) would read it as an option.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class LocalKafka(LocalService):
@@ -187,7 +194,7 @@ class LocalKafka(LocalService):
     def _format(self, java: str, classpath: str, properties: Path) -> None:
         argv = [java, *TOOL_JVM_OPTIONS, self._log4j_option()]
         argv += ["-cp", classpath, "kafka.tools.StorageTool"]
-        argv += ["format", "--cluster-id", new_cluster_id(), "--config", str(properties)]
+        argv += ["format", f"--cluster-id={new_cluster_id()}", "--config", str(properties)]
         result = subprocess.run(argv, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             output = (result.stdout + result.stderr).strip()
