@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,8 +89,11 @@ class _Progress(StreamingQueryListener):
             self.finished.set()
 
 
-def start_job(spark: SparkSession, options: JobOptions) -> StreamingQuery:
-    """Start the streaming query of ``options.job`` on ``spark``."""
+def start_job(
+    spark: SparkSession, options: JobOptions
+) -> tuple[StreamingQuery, Callable[[], None]]:
+    """Start the streaming query of ``options.job`` on ``spark``; also return what releases
+    the sink's resources once the query has ended."""
     job = JOBS[options.job]
     mode = validate(options, job.APPEND_ONLY)
     messages = read_messages(
@@ -118,12 +122,14 @@ def run(options: JobOptions, spark: SparkSession | None = None, quiet: bool = Fa
     spark.streams.addListener(listener)
     began = time.monotonic()
     try:
-        query = start_job(spark, options)
+        query, release_sink = start_job(spark, options)
         listener.query_id = str(query.id)
         try:
             query.awaitTermination()
         except KeyboardInterrupt:
             query.stop()
+        finally:
+            release_sink()
         summary.seconds = time.monotonic() - began
         listener.finished.wait(10.0)  # progress events reach listeners asynchronously
     finally:

@@ -18,6 +18,7 @@ each batch, and the aggregation state is checkpointed with them, so a restart wi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 
 from pyspark.sql import DataFrame
@@ -28,8 +29,11 @@ from spark_streaming.mqtt_sink import MqttSink
 from spark_streaming.options import JobOptions
 
 
-def start(result: DataFrame, options: JobOptions, mode: str, job: ModuleType) -> StreamingQuery:
-    """Start the streaming query writing ``result`` to the sink ``options`` names."""
+def start(
+    result: DataFrame, options: JobOptions, mode: str, job: ModuleType
+) -> tuple[StreamingQuery, Callable[[], None]]:
+    """Start the streaming query writing ``result`` to the sink ``options`` names; the second
+    item releases what the sink holds (the MQTT sink's Kafka producer) once the query ended."""
     writer = result.writeStream.outputMode(mode).queryName(options.name)
     if options.trigger.available_now:
         writer = writer.trigger(availableNow=True)
@@ -37,14 +41,19 @@ def start(result: DataFrame, options: JobOptions, mode: str, job: ModuleType) ->
         writer = writer.trigger(processingTime=options.trigger.interval or "10 seconds")
     if options.checkpoint:
         writer = writer.option("checkpointLocation", options.checkpoint)
-    return _configure(writer, options, job).start()
+    if options.sink == "mqtt":
+        sink = MqttSink(options, job.mqtt_subtopic)
+        return writer.foreachBatch(sink).start(), sink.close
+    return _configure(writer, options).start(), _nothing
 
 
-def _configure(writer: DataStreamWriter, options: JobOptions, job: ModuleType) -> DataStreamWriter:
+def _configure(writer: DataStreamWriter, options: JobOptions) -> DataStreamWriter:
     if options.sink == "console":
         return writer.format("console").option("truncate", "false").option("numRows", "1000")
     if options.sink == "parquet":
         return writer.format("parquet").option("path", str(options.output)).partitionBy("date")
-    if options.sink == "mqtt":
-        return writer.foreachBatch(MqttSink(options, job.mqtt_subtopic))
     return writer.format(options.sink)
+
+
+def _nothing() -> None:
+    pass
