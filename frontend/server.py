@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-inflight",
-        default=_env("MAX_INFLIGHT", "20"),
+        default=_env("MAX_INFLIGHT", "32"),
         help="outbound QoS 1/2 messages in flight per client [HEADWATER_MAX_INFLIGHT]",
     )
     p.add_argument(

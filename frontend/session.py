@@ -112,7 +112,7 @@ class Session:
     )
 
     def __init__(
-        self, client_id: str, clean: bool, max_inflight: int = 20, max_queued: int = 1000
+        self, client_id: str, clean: bool, max_inflight: int = 32, max_queued: int = 1000
     ) -> None:
         self.client_id = client_id
         self.clean = clean
