@@ -25,6 +25,7 @@ from types import FrameType
 import confluent_kafka
 
 from bench.brokers import (
+    KAFKA_WARMUP,
     BenchKafka,
     NodeLaunch,
     RunningBroker,
@@ -208,6 +209,9 @@ class Runner:
             progress("starting Kafka" if not self.args.kafka_bootstrap else "using Kafka")
             kafka = BenchKafka(self.work, stack, self.args.kafka_bootstrap)
             self.kafka_version = kafka.version
+            if kafka.local is not None:
+                progress(f"warming Kafka up for {KAFKA_WARMUP:.0f} s")
+                progress(f"warm-up: {kafka.warm_up():,} records through Kafka")
             for name, nodes, wanted in (
                 ("headwater", 1, single),
                 ("cluster", ROUTING_NODES, cluster),
@@ -286,11 +290,15 @@ def versions() -> dict[str, str]:
 def how_it_ran(settings: Settings) -> list[str]:
     return [
         "All brokers were started first (Headwater 1 node and 3 nodes on one Kafka, mosquitto, "
-        "amqtt), each on 127.0.0.1 with a fresh port and its default limits (in-flight 20, queue "
-        "1000 per client for mosquitto and Headwater alike); then every scenario ran against each "
+        "amqtt), each on 127.0.0.1 with a fresh port and the same limits where it has them "
+        "(32 QoS 1/2 messages in flight and 1000 queued per client for mosquitto and Headwater; "
+        "amqtt bounds neither); then every scenario ran against each "
         "broker in turn, one run at a time, after waiting (up to "
         f"{settings.settle_max:.0f} s) for every broker to go idle. The Kafka JVM, the brokers "
         "and the load generators share the machine's cores.",
+        f"A Kafka the benchmark starts (1 GiB heap, ZGC) first carries {KAFKA_WARMUP:.0f} s of "
+        "untimed records, so that its JIT has compiled the produce and fetch paths before the "
+        "first scenario; the Headwater nodes get no warm-up beyond each run's own.",
         "Load generators are raw asyncio sockets (uvloop) with Headwater's codec: publishers in "
         f"one worker process, subscribers in {settings.sub_procs} other(s). QoS 0 publishers write "
         "pre-encoded batches; QoS 1 publishers keep "

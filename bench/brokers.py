@@ -10,12 +10,13 @@ stops whatever was started: nothing outlives the run.
   Kafka that is either started here (:class:`headwater.services.kafka.LocalKafka` in the work
   directory) or given with ``--kafka-bootstrap``; the benchmark's log topics are created per run
   and deleted again on an external Kafka.
-* mosquitto: Debian's ``mosquitto`` with a generated config (anonymous, no persistence).
+* mosquitto: Debian's ``mosquitto`` with a generated config (anonymous, no persistence, 32
+  messages in flight per client as Headwater's default).
 * amqtt 0.12: its ``amqtt`` broker script with a generated YAML config: one TCP listener and the
   anonymous-auth plugin only (the default config's packet/event loggers and $SYS plugin are off).
 
-Every broker runs with its out-of-the-box limits otherwise (in-flight 20 and queue 1000 per client
-for mosquitto and Headwater alike).
+Every broker runs with its out-of-the-box limits otherwise (a queue of 1000 per client for mosquitto
+and Headwater alike; amqtt bounds neither in-flight messages nor the queue).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
 from frontend.mqtt.codec import Decoder, encode
 from frontend.mqtt.packets import Connack, Connect, Disconnect
 from frontend.server import build_parser as node_parser
@@ -50,6 +53,8 @@ Endpoint = tuple[str, int]
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
+KAFKA_WARMUP = 20.0
+"""Seconds of untimed traffic through a Kafka the benchmark started, before any scenario."""
 
 
 @dataclass(slots=True)
@@ -166,6 +171,8 @@ def render_mosquitto_conf(port: int) -> str:
             f"listener {port} {LOOPBACK}",
             "allow_anonymous true",
             "persistence false",
+            # Headwater's default in-flight window (EMQX's); mosquitto's own is 20
+            "max_inflight_messages 32",
             "log_dest stderr",
             "log_type error",
             "log_type warning",
@@ -257,6 +264,30 @@ class BenchKafka:
         ensure_topic(self.bootstrap, name, partitions, {})
         self._topics.append(name)
         return name
+
+    def warm_up(self, seconds: float = KAFKA_WARMUP) -> int:
+        """Carry small records through Kafka for ``seconds``, produced one request at a time as
+        the nodes do and read back, and return how many were read.
+
+        A fresh JVM runs Kafka's produce and fetch paths interpreted until the JIT has compiled
+        them: without this, whichever scenario runs first measures the JIT."""
+        topic = self.create_topic(f"bench.warmup.{uuid.uuid4().hex[:6]}", 1)
+        common = {"bootstrap.servers": self.bootstrap, "socket.nagle.disable": True}
+        producer = Producer({**common, "acks": "all", "enable.idempotence": True, "linger.ms": 0})
+        consumer = Consumer({**common, "group.id": "bench-warmup", "enable.auto.commit": False})
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        read, value, end = 0, bytes(64), time.monotonic() + seconds
+        try:
+            while time.monotonic() < end:
+                with contextlib.suppress(BufferError):
+                    for _ in range(50):
+                        producer.produce(topic, value)
+                producer.poll(0)
+                read += sum(m.error() is None for m in consumer.consume(1000, 0.001))
+            producer.flush(10)
+        finally:
+            consumer.close()
+        return read
 
     def _delete_topics(self) -> None:
         if not self._topics:
