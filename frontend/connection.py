@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 from confluent_kafka import KafkaException
 from redis.exceptions import RedisError
 
+from frontend import record
 from frontend.mqtt import channel as ch
 from frontend.mqtt.codec import Decoder
 from frontend.mqtt.errors import ProtocolError
@@ -264,6 +265,13 @@ class MqttConnection(asyncio.Protocol):
             return
         try:
             lease, stored = await self.node.acquire_session(action.client_id, connect.clean_session)
+            if connect.will is not None:  # kept with the session, in case this node dies
+                will = connect.will
+                message = Message.create(
+                    will.topic, will.payload, will.qos, will.retain, action.client_id,
+                    self.node.config.node_id,
+                )  # fmt: skip
+                await self.node.sessions.keep_will(lease, record.encode(message))
         except (RedisError, OSError) as exc:
             reason = f"the session store is unavailable: {exc}"
             self._run(self.channel.session_refused(ConnackCode.SERVER_UNAVAILABLE, reason))

@@ -9,10 +9,13 @@ different clients' or nodes' names, so they are not Redis Cluster safe.
                                         ``connected`` 0/1, ``present`` 1 once state is stored,
                                         ``subs`` JSON filter->QoS, ``pos`` JSON partition->
                                         offset, ``inflight`` JSON (record copies, base64),
-                                        ``lastid`` last packet id used
+                                        ``lastid`` last packet id used, ``will`` the open
+                                        connection's will (a log record), if it has one
 ``P{cid}:rel``                  set     inbound QoS 2 packet ids awaiting PUBREL
 ``P{node}:alive``               string  set with a 5 s expiry while the node runs
 ``P{node}:inbox``               pubsub  takeover requests for sessions the node owns
+``P{node}:wills``               set     client ids of the node's connections that have a will
+``Pwill-nodes``                 set     node ids that have such connections
 ``Pretained:{routing key}``     hash    topic -> 12-byte (offset, partition) + record value
 ``Pretained:{routing key}:offsets``  hash  topic -> log offset of the retained record
 ``Pretained-keys``              set     routing keys that have retained messages
@@ -23,6 +26,13 @@ it answers "busy" (the caller asks that node to let go, see ``frontend.takeover`
 increments the token, records the new owner and returns the stored state.  Every later write
 (save, release, QoS 2 marks) is a script that first compares the caller's token with the stored
 one, so a node that lost ownership can never write again.
+
+Wills of a dead node: a connection's will is stored with its session until the connection ends
+(its node publishes the will itself, or drops it on DISCONNECT).  If the node dies first, the
+will is published by whichever node comes first: ``acquire`` hands it to the node the client
+reconnects to (published before the new CONNACK), and every node's ``claim_wills`` sweep takes
+the wills of nodes whose ``alive`` key has expired.  Both delete the will as they take it, so it
+is published once, at most a few seconds after the crash.
 
 Retained messages: ``apply`` is a script that keeps, per topic, the record with the highest log
 offset (empty payloads stay as tombstones, so a late older write cannot resurrect a topic).  A
@@ -41,7 +51,7 @@ from frontend import record
 from frontend.mqtt import topics
 from frontend.record import Message
 from frontend.session import StoredOutbound, StoredSession
-from frontend.stores import Busy, Lease, Retained
+from frontend.stores import Acquired, Busy, Lease, Retained
 from router.partitioner import routing_key
 
 ALIVE_SECONDS = 5
@@ -53,13 +63,21 @@ if owner and owner ~= '' and ARGV[3] ~= '1'
    and redis.call('EXISTS', ARGV[4] .. owner .. '}:alive') == 1 then
   return {'busy', owner}
 end
+local orphaned = false
+if owner and owner ~= '' and redis.call('HGET', KEYS[1], 'connected') == '1'
+   and redis.call('EXISTS', ARGV[4] .. owner .. '}:alive') == 0 then
+  orphaned = redis.call('HGET', KEYS[1], 'will')
+  redis.call('SREM', ARGV[4] .. owner .. '}:wills', ARGV[5])
+end
+redis.call('HDEL', KEYS[1], 'will')
 local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'connected', '1')
 if ARGV[2] == '1' then
   redis.call('HDEL', KEYS[1], 'present', 'subs', 'pos', 'inflight', 'lastid')
   redis.call('DEL', KEYS[2])
 end
-return {'ok', tostring(token), redis.call('HGETALL', KEYS[1]), redis.call('SMEMBERS', KEYS[2])}
+return {'ok', tostring(token), redis.call('HGETALL', KEYS[1]), redis.call('SMEMBERS', KEYS[2]),
+        orphaned}
 """
 
 _FENCE = "if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end\n"
@@ -76,6 +94,8 @@ return 1
 _RELEASE = (
     _FENCE
     + """
+redis.call('SREM', KEYS[3], ARGV[6])
+redis.call('HDEL', KEYS[1], 'will')
 if ARGV[2] == '' then
   redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('HSET', KEYS[1], 'token', ARGV[1])
@@ -86,6 +106,37 @@ redis.call('HSET', KEYS[1], 'present', '1', 'subs', ARGV[2], 'pos', ARGV[3],
 return 1
 """
 )
+
+_KEEP_WILL = (
+    _FENCE
+    + """
+redis.call('HSET', KEYS[1], 'will', ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[3])
+redis.call('SADD', KEYS[4], ARGV[4])
+return 1
+"""
+)
+
+_CLAIM_WILLS = """
+if ARGV[3] == '1' and redis.call('EXISTS', ARGV[2] .. ARGV[1] .. '}:alive') == 1 then
+  return {}
+end
+local wills = {}
+for _, cid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local key = ARGV[2] .. cid .. '}:session'
+  local owned = redis.call('HGET', key, 'owner') == ARGV[1]
+  if owned and redis.call('HGET', key, 'connected') == '1' then
+    local will = redis.call('HGET', key, 'will')
+    if will then
+      wills[#wills + 1] = will
+      redis.call('HDEL', key, 'will')
+    end
+  end
+end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+return wills
+"""
 
 _MARK = _FENCE + "redis.call('SADD', KEYS[2], ARGV[2])\nreturn 1\n"
 _UNMARK = _FENCE + "redis.call('SREM', KEYS[2], ARGV[2])\nreturn 1\n"
@@ -149,6 +200,8 @@ class RedisSessionStore:
         self._acquire = client.register_script(_ACQUIRE)
         self._save = client.register_script(_SAVE)
         self._release = client.register_script(_RELEASE)
+        self._keep_will = client.register_script(_KEEP_WILL)
+        self._claim_wills = client.register_script(_CLAIM_WILLS)
         self._mark = client.register_script(_MARK)
         self._unmark = client.register_script(_UNMARK)
 
@@ -158,6 +211,13 @@ class RedisSessionStore:
     def alive_key(self, node_id: str) -> str:
         return f"{self.prefix}{{{node_id}}}:alive"
 
+    def _wills(self, node_id: str) -> str:
+        return f"{self.prefix}{{{node_id}}}:wills"
+
+    @property
+    def _will_nodes(self) -> str:
+        return f"{self.prefix}will-nodes"
+
     def inbox(self, node_id: str) -> str:
         return f"{self.prefix}{{{node_id}}}:inbox"
 
@@ -166,15 +226,32 @@ class RedisSessionStore:
 
     async def acquire(
         self, client_id: str, node_id: str, clean: bool, force: bool = False
-    ) -> tuple[Lease, StoredSession | None] | Busy:
-        args: list[str | int] = [node_id, int(clean), int(force), f"{self.prefix}{{"]
+    ) -> Acquired | Busy:
+        args: list[str | int] = [node_id, int(clean), int(force), f"{self.prefix}{{", client_id]
         answer = await self._acquire(keys=self._keys(client_id), args=args)
         if _text(answer[0]) == "busy":
             return Busy(_text(answer[1]))
-        flat = [_text(x) for x in answer[2]]
-        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        # HGETALL's values, the will among them, are binary: only the names are text.
+        flat = answer[2]
+        fields = {_text(k): v for k, v in zip(flat[::2], flat[1::2], strict=True)}
+        fields.pop("will", None)
         lease = Lease(client_id, node_id, int(_text(answer[1])))
-        return lease, _decode_session(fields, [_text(x) for x in answer[3]])
+        state = _decode_session(
+            {k: _text(v) for k, v in fields.items()}, [_text(x) for x in answer[3]]
+        )
+        return Acquired(lease, state, answer[4] if len(answer) > 4 and answer[4] else None)
+
+    async def keep_will(self, lease: Lease, will: bytes) -> None:
+        keys = [*self._keys(lease.client_id), self._wills(lease.node_id), self._will_nodes]
+        await self._keep_will(keys=keys, args=[lease.token, will, lease.client_id, lease.node_id])
+
+    async def claim_wills(self, node_id: str, only_if_dead: bool) -> list[bytes]:
+        keys = [self._wills(node_id), self._will_nodes]
+        args: list[str | int] = [node_id, f"{self.prefix}{{", int(only_if_dead)]
+        return list(await self._claim_wills(keys=keys, args=args))
+
+    async def nodes_with_wills(self) -> list[str]:
+        return [_text(n) for n in await self.redis.smembers(self._will_nodes)]
 
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         keys = self._keys(lease.client_id)
@@ -182,7 +259,9 @@ class RedisSessionStore:
 
     async def release(self, lease: Lease, state: StoredSession | None) -> None:
         args = [lease.token, *(_session_args(state) if state else ["", "", "", ""])]
-        await self._release(keys=self._keys(lease.client_id), args=args)
+        args.append(lease.client_id)
+        keys = [*self._keys(lease.client_id), self._wills(lease.node_id)]
+        await self._release(keys=keys, args=args)
 
     async def mark_received(self, lease: Lease, packet_id: int) -> None:
         await self._mark(keys=self._keys(lease.client_id), args=[lease.token, packet_id])

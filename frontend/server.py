@@ -85,6 +85,8 @@ class NodeConfig:
 class NodeCounters:
     protocol_errors: int = 0
     wills_published: int = 0
+    orphaned_wills_published: int = 0
+    """Wills of connections that died with another node (or this node's previous process)."""
     messages_replayed: int = 0
     retention_lost: int = 0
 
@@ -123,6 +125,8 @@ class Node:
         if self.config.redis_url:
             await self._connect_redis(self.config.redis_url)
         await self.log.start()
+        if self.coordinator is not None:
+            await self.coordinator.sweep_wills()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: MqttConnection(self), self.config.host, self.config.port, reuse_address=True
@@ -147,7 +151,9 @@ class Node:
         store = RedisSessionStore(client, prefix)
         self.sessions = store
         self.retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
-        self.coordinator = Coordinator(store, self.config.node_id, self.broker.take_over)
+        self.coordinator = Coordinator(
+            store, self.config.node_id, self.broker.take_over, self.publish_orphaned_wills
+        )
         await self.coordinator.start()
         self._redis = client
 
@@ -181,13 +187,16 @@ class Node:
         self, client_id: str, clean: bool
     ) -> tuple[Lease, StoredSession | None]:
         """Own the session of ``client_id``, taking it over from its current connection, on this
-        node or another, if it has one [MQTT-3.1.4-2]."""
+        node or another, if it has one [MQTT-3.1.4-2].  A previous connection that died with its
+        node has its will published now, before the new one is accepted [MQTT-3.1.2-8]."""
         deadline = time.monotonic() + FORCE_AFTER
         asked, force = False, False
         while True:
             answer = await self.sessions.acquire(client_id, self.config.node_id, clean, force)
             if not isinstance(answer, Busy):
-                return answer
+                if answer.orphaned_will is not None:
+                    self.publish_orphaned_wills([answer.orphaned_will])
+                return answer.lease, answer.state
             if answer.owner == self.config.node_id:
                 force = not await self._release_local(client_id)
             elif not asked:
@@ -317,6 +326,23 @@ class Node:
 
         if not self.log.produce(message, stored):
             log.error("will of %s lost: the producer queue is full", message.client_id)
+
+    def publish_orphaned_wills(self, wills: list[bytes]) -> None:
+        """Publish the stored wills of connections that died with their node, from here."""
+        for raw in wills:
+            try:
+                will = record.decode(raw)
+            except record.RecordError as exc:
+                log.error("a stored will is unreadable, not published: %s", exc)
+                continue
+            log.info("publishing the will of %s, whose node died", will.client_id)
+            self.counters.orphaned_wills_published += 1
+            self.publish_will(
+                Message.create(
+                    will.topic, will.payload, will.qos, will.retain, will.client_id,
+                    self.config.node_id,
+                )
+            )  # fmt: skip
 
     def _on_records(self, batch: list[Record]) -> None:
         self.broker.dispatch(batch)

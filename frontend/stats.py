@@ -41,6 +41,7 @@ async def snapshot(node: Node) -> dict[str, Any]:
         "undecodable_records": klog.undecodable,
         "protocol_errors": node.counters.protocol_errors,
         "wills_published": node.counters.wills_published,
+        "orphaned_wills_published": node.counters.orphaned_wills_published,
         "shared_groups": node.broker.share_names(),
         "kafka_available": klog.available,
     }

@@ -44,6 +44,16 @@ class Lease:
 
 
 @dataclass(slots=True, frozen=True)
+class Acquired:
+    """A session now owned: its lease, its stored state (None: none kept), and the will of a
+    connection that died with its node (the record to publish before this one is accepted)."""
+
+    lease: Lease
+    state: StoredSession | None
+    orphaned_will: bytes | None = None
+
+
+@dataclass(slots=True, frozen=True)
 class Busy:
     """The session is in use by a live connection on ``owner``."""
 
@@ -57,9 +67,18 @@ class SessionStore(Protocol):
 
     async def acquire(
         self, client_id: str, node_id: str, clean: bool, force: bool = False
-    ) -> tuple[Lease, StoredSession | None] | Busy:
+    ) -> Acquired | Busy:
         """Own the session (a new token), or learn who does.  ``clean`` discards any stored
-        state [MQTT-3.1.2-6]; ``force`` takes it from an owner that did not let go."""
+        state [MQTT-3.1.2-6]; ``force`` takes it from an owner that did not let go.  If the
+        previous connection died with its node, its will comes back to be published."""
+
+    async def keep_will(self, lease: Lease, will: bytes) -> None:
+        """Store the connection's will (a log record), so that another node publishes it if
+        this node dies with the connection open [MQTT-3.1.2-8]; release drops it."""
+
+    async def claim_wills(self, node_id: str, only_if_dead: bool) -> list[bytes]:
+        """Take the wills of ``node_id``'s connections, if it is dead (or unconditionally: a node
+        restarting under the id of one that crashed), for the caller to publish."""
 
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         """Store ``state``; False if the lease is no longer current."""
@@ -107,7 +126,7 @@ class MemorySessionStore:
 
     async def acquire(
         self, client_id: str, node_id: str, clean: bool, force: bool = False
-    ) -> tuple[Lease, StoredSession | None] | Busy:
+    ) -> Acquired | Busy:
         owner = self._owners.get(client_id)
         if owner is not None and not force:
             return Busy(owner[0])
@@ -116,7 +135,13 @@ class MemorySessionStore:
         self._owners[client_id] = (node_id, token)
         if clean:
             self._states.pop(client_id, None)
-        return Lease(client_id, node_id, token), self._states.get(client_id)
+        return Acquired(Lease(client_id, node_id, token), self._states.get(client_id))
+
+    async def keep_will(self, lease: Lease, will: bytes) -> None:
+        """Nothing to do: in one process a will dies with the node that would publish it."""
+
+    async def claim_wills(self, node_id: str, only_if_dead: bool) -> list[bytes]:
+        return []
 
     def _current(self, lease: Lease) -> bool:
         return self._tokens.get(lease.client_id) == lease.token

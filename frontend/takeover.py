@@ -8,7 +8,10 @@ seconds (it is partitioned away or stuck), the session is taken by force: the fe
 on, so whatever the old owner writes later is refused.
 
 Liveness is a key per node with a short expiry, refreshed every second; a session owned by a
-node whose key has expired is free, so a crashed node never blocks its clients' return.
+node whose key has expired is free, so a crashed node never blocks its clients' return.  Every
+``SWEEP_SECONDS`` each node also sweeps for the wills of nodes whose key has expired and
+publishes those it wins (``RedisSessionStore.claim_wills``): a client whose node crashed gets its
+will published even if it never comes back.
 """
 
 from __future__ import annotations
@@ -25,17 +28,23 @@ log = logging.getLogger("headwater.takeover")
 
 FORCE_AFTER = 1.5
 HEARTBEAT_SECONDS = 1.0
+SWEEP_SECONDS = 2.0
 
 
 class Coordinator:
-    """This node's heartbeat and takeover inbox."""
+    """This node's heartbeat, takeover inbox and sweep for dead nodes' wills."""
 
     def __init__(
-        self, store: RedisSessionStore, node_id: str, on_request: Callable[[str], None]
+        self,
+        store: RedisSessionStore,
+        node_id: str,
+        on_request: Callable[[str], None],
+        on_wills: Callable[[list[bytes]], None],
     ) -> None:
         self.store = store
         self.node_id = node_id
         self._on_request = on_request
+        self._on_wills = on_wills
         self._tasks: list[asyncio.Task[None]] = []
         self._pubsub: Any = None
 
@@ -57,6 +66,26 @@ class Coordinator:
                 await self._pubsub.aclose()
         with contextlib.suppress(Exception):
             await self.store.redis.delete(self.store.alive_key(self.node_id))
+
+    async def sweep_wills(self) -> None:
+        """Publish the wills left by this node id's previous process (it crashed: nothing else
+        would, since the id is alive again), then sweep for dead nodes' wills from now on.
+        Called once the log can take them."""
+        self._on_wills(await self.store.claim_wills(self.node_id, only_if_dead=False))
+        self._tasks.append(asyncio.get_running_loop().create_task(self._sweep()))
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            try:
+                for node in await self.store.nodes_with_wills():
+                    if node != self.node_id:
+                        wills = await self.store.claim_wills(node, only_if_dead=True)
+                        if wills:
+                            log.warning("node %s is gone: publishing %d wills", node, len(wills))
+                            self._on_wills(wills)
+            except Exception as exc:  # Redis down: keep serving, keep trying
+                log.warning("sweeping for dead nodes' wills failed: %s", exc)
 
     async def request_release(self, owner: str, client_id: str) -> None:
         await self.store.redis.publish(self.store.inbox(owner), client_id)

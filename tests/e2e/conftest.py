@@ -3,6 +3,9 @@ each test on a log topic of its own in the real Kafka."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -54,6 +57,31 @@ async def start_node(kafka_bootstrap: str, log_topic: str) -> AsyncIterator[Node
 @pytest.fixture
 async def node(start_node: NodeFactory) -> Node:
     return await start_node()
+
+
+async def launch_node_process(
+    node_id: str, port: int, kafka_bootstrap: str, log_topic: str, *options: str
+) -> asyncio.subprocess.Process:
+    """``python -m frontend`` as its own process (one a test can kill), once it says "ready"."""
+    argv = [
+        sys.executable, "-m", "frontend",
+        "--node-id", node_id,
+        "--listen", f"127.0.0.1:{port}",
+        "--kafka-bootstrap", kafka_bootstrap,
+        "--topic", log_topic,
+        "--partitions", str(PARTITIONS),
+        *options,
+    ]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert b"ready" in line, line
+    return proc
 
 
 __all__ = ["Limits"]

@@ -7,9 +7,7 @@ share one fresh log topic of ``PARTITIONS`` partitions in the real Kafka.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from collections import Counter
 
 import pytest
@@ -19,7 +17,7 @@ from frontend.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 from frontend.server import Node
 from router.partitioner import Router
 from tests.conftest import free_port
-from tests.e2e.conftest import PARTITIONS, NodeFactory
+from tests.e2e.conftest import PARTITIONS, NodeFactory, launch_node_process
 from tests.e2e.rawmqtt import RawClient
 
 
@@ -223,33 +221,9 @@ async def test_killed_node_restarts_and_serves(
 ) -> None:
     other = await start_node()
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "frontend",
-        "--node-id",
-        "victim",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--kafka-bootstrap",
-        kafka_bootstrap,
-        "--topic",
-        log_topic,
-        "--partitions",
-        str(PARTITIONS),
-    ]
 
     async def launch() -> asyncio.subprocess.Process:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": os.getcwd()},
-        )
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 30)
-        assert b"ready" in line, line
-        return proc
+        return await launch_node_process("victim", port, kafka_bootstrap, log_topic)
 
     proc = await launch()
     try:

@@ -7,6 +7,7 @@ log topic.  Clients move between nodes as a device behind the load balancer woul
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import pytest
@@ -25,7 +26,8 @@ from frontend.mqtt.packets import (
     Will,
 )
 from frontend.server import Node
-from tests.e2e.conftest import NodeFactory
+from tests.conftest import free_port
+from tests.e2e.conftest import NodeFactory, launch_node_process
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.test_cluster import publish_qos1, receive
 
@@ -191,6 +193,65 @@ async def test_takeover_across_nodes_closes_old_and_publishes_its_will(nodes: li
     assert isinstance(got, Publish) and got.payload == b"to the new owner"
     for c in (new, watcher, pub):
         await c.close()
+
+
+async def test_wills_of_a_killed_node_are_published_once_by_another_node(
+    nodes: list[Node], kafka_bootstrap: str, log_topic: str, redis_url: str, redis_prefix: str
+) -> None:
+    # [MQTT-3.1.2-8]: the connection closed without DISCONNECT, even though its node died with it
+    n1 = nodes[0]
+    watcher = await RawClient.connected(n1.config.port, "will-watch")
+    await watcher.subscribe(("wills/#", 1))
+    port = free_port()
+    store = ("--redis-url", redis_url, "--redis-prefix", redis_prefix)
+    proc = await launch_node_process("doomed", port, kafka_bootstrap, log_topic, *store)
+    try:
+        stayer = await RawClient.connected(port, "stayer", will=Will("wills/stayer", b"lost", 1))
+        leaver = await RawClient.connected(port, "leaver", will=Will("wills/leaver", b"no", 1))
+        await leaver.send(Disconnect())  # its will is discarded [MQTT-3.14.4-3]
+        await leaver.expect_closed()
+        await stayer.send(Pingreq())
+        assert await stayer.recv() == Pingresp()
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        # The node's alive key expires (5 s), then the next sweep (every 2 s) takes the will.
+        will = await watcher.recv(timeout=15)
+        assert isinstance(will, Publish)
+        assert (will.topic, will.payload, will.qos) == ("wills/stayer", b"lost", 1)
+        await watcher.send(Puback(will.packet_id or 0))
+        await watcher.expect_silence(3.0)  # once, by one node; never the leaver's
+        assert sum(n.counters.orphaned_wills_published for n in nodes) == 1
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    await watcher.close()
+
+
+async def test_a_node_restarted_under_its_id_publishes_the_wills_it_left(
+    nodes: list[Node], kafka_bootstrap: str, log_topic: str, redis_url: str, redis_prefix: str
+) -> None:
+    watcher = await RawClient.connected(nodes[0].config.port, "will-watch")
+    await watcher.subscribe(("wills/#", 1))
+    port = free_port()
+    store = ("--redis-url", redis_url, "--redis-prefix", redis_prefix)
+    proc = await launch_node_process("phoenix", port, kafka_bootstrap, log_topic, *store)
+    try:
+        await RawClient.connected(port, "sensor", will=Will("wills/sensor", b"offline", 1))
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        # Back before its alive key expired: no other node sweeps it, the new process does.
+        proc = await launch_node_process("phoenix", port, kafka_bootstrap, log_topic, *store)
+        will = await watcher.recv(timeout=10)
+        assert isinstance(will, Publish) and will.payload == b"offline"
+        await watcher.send(Puback(will.packet_id or 0))
+        await watcher.expect_silence(7.0)  # past the expiry and a sweep: not published again
+        back = await RawClient.connected(port, "sensor")  # the stale session is no obstacle
+        await back.close()
+    finally:
+        proc.kill()
+        await proc.wait()
+    await watcher.close()
 
 
 async def test_racing_connects_end_with_one_owner(nodes: list[Node]) -> None:
