@@ -126,6 +126,7 @@ class MqttConnection(asyncio.Protocol):
             return
         if not await self.node.sessions.save(self.lease, self._snapshot(session)):
             log.warning("client %s: session owned elsewhere now; closing", session.client_id)
+            self.channel.take_will()  # the node that took the session published it
             self.takeover()
 
     def pause_writing(self) -> None:

@@ -32,7 +32,9 @@ Wills of a dead node: a connection's will is stored with its session until the c
 will is published by whichever node comes first: ``acquire`` hands it to the node the client
 reconnects to (published before the new CONNACK), and every node's ``claim_wills`` sweep takes
 the wills of nodes whose ``alive`` key has expired.  Both delete the will as they take it, so it
-is published once, at most a few seconds after the crash.
+is published once, at most a few seconds after the crash.  A session taken by force (its node did
+not answer the takeover request) hands over its will the same way; the old node, when its next
+save is refused, closes that connection without publishing the will again.
 
 Retained messages: ``apply`` is a script that keeps, per topic, the record with the highest log
 offset (empty payloads stay as tombstones, so a late older write cannot resurrect a topic).  A
@@ -64,8 +66,9 @@ if owner and owner ~= '' and ARGV[3] ~= '1'
   return {'busy', owner}
 end
 local orphaned = false
-if owner and owner ~= '' and redis.call('HGET', KEYS[1], 'connected') == '1'
-   and redis.call('EXISTS', ARGV[4] .. owner .. '}:alive') == 0 then
+if owner and owner ~= '' and redis.call('HGET', KEYS[1], 'connected') == '1' then
+  -- still connected, yet not busy: its node is dead, or taken by force from a node that did not
+  -- answer; either way that connection's will is ours to publish
   orphaned = redis.call('HGET', KEYS[1], 'will')
   redis.call('SREM', ARGV[4] .. owner .. '}:wills', ARGV[5])
 end
