@@ -71,5 +71,5 @@ class RawClient:
 
     async def close(self) -> None:
         self.writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self.writer.wait_closed()
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError):
+            await asyncio.wait_for(self.writer.wait_closed(), 5.0)

@@ -203,9 +203,10 @@ NodeProcess = Callable[[str, int], Awaitable[asyncio.subprocess.Process]]
 
 @pytest.fixture
 async def node_process(
-    kafka_bootstrap: str, log_topic: str, redis_url: str, redis_prefix: str
+    nodes: list[Node], kafka_bootstrap: str, log_topic: str, redis_url: str, redis_prefix: str
 ) -> AsyncIterator[NodeProcess]:
-    """Nodes on the tests' Redis as processes of their own, for a test to kill."""
+    """Nodes on the tests' Redis as processes of their own, for a test to kill.  They are
+    killed before the in-process ``nodes`` stop (this fixture is set up after them)."""
     procs: list[asyncio.subprocess.Process] = []
 
     async def launch(node_id: str, port: int) -> asyncio.subprocess.Process:
