@@ -267,12 +267,8 @@ class MqttConnection(asyncio.Protocol):
         try:
             lease, stored = await self.node.acquire_session(action.client_id, connect.clean_session)
             if connect.will is not None:  # kept with the session, in case this node dies
-                will = connect.will
-                message = Message.create(
-                    will.topic, will.payload, will.qos, will.retain, action.client_id,
-                    self.node.config.node_id,
-                )  # fmt: skip
-                await self.node.sessions.keep_will(lease, record.encode(message))
+                will = ch.will_message(connect.will, action.client_id, self.node.config.node_id)
+                await self.node.sessions.keep_will(lease, record.encode(will))
         except (RedisError, OSError) as exc:
             reason = f"the session store is unavailable: {exc}"
             self._run(self.channel.session_refused(ConnackCode.SERVER_UNAVAILABLE, reason))

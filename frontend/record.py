@@ -138,14 +138,20 @@ def _last_long(tail: bytes) -> int:
     return value
 
 
-def _text(value: bytes, pos: int) -> tuple[str, int]:
-    """The length-prefixed UTF-8 string at ``pos`` and the position after it."""
+def _bytes(value: bytes, pos: int) -> tuple[bytes, int]:
+    """The length-prefixed bytes at ``pos`` and the position after them."""
     size, pos = _long(value, pos)
     end = pos + size
     if size < 0 or end > len(value):
         raise RecordError("truncated record")
+    return value[pos:end], end
+
+
+def _text(value: bytes, pos: int) -> tuple[str, int]:
+    """The length-prefixed UTF-8 string at ``pos`` and the position after it."""
+    raw, end = _bytes(value, pos)
     try:
-        return value[pos:end].decode(), end
+        return raw.decode(), end
     except UnicodeDecodeError as exc:
         raise RecordError(f"ill-formed string: {exc}") from exc
 
@@ -162,12 +168,8 @@ def decode(value: bytes) -> Message:
         raise RecordError("truncated record")
     message_id = value[HEADER_SIZE:pos]
     topic, pos = _text(value, pos)
-    size, pos = _long(value, pos)
-    end = pos + size
-    if size < 0 or end > len(value):
-        raise RecordError("truncated record")
-    payload = value[pos:end]
-    qos, pos = _long(value, end)
+    payload, pos = _bytes(value, pos)
+    qos, pos = _long(value, pos)
     if not 0 <= qos <= 2:
         raise RecordError(f"QoS {qos} is not 0, 1 or 2")
     flag = value[pos : pos + 1]

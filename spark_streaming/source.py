@@ -165,8 +165,9 @@ def decode_records(raw: DataFrame) -> DataFrame:
     """
     datum = F.expr(f"substring(value, {HEADER_SIZE + 1}, length(value) - {HEADER_SIZE})")
     good = header_ok(F.col("value"))
+    place = [c for c in ("partition", "offset") if c in raw.columns]
     decoded = raw.select(
-        *[c for c in ("partition", "offset") if c in raw.columns],
+        *place,
         good.alias("_header_ok"),
         F.when(good, from_avro(datum, SCHEMA_JSON, {"mode": "PERMISSIVE"})).alias("_m"),
     )
@@ -179,7 +180,7 @@ def decode_records(raw: DataFrame) -> DataFrame:
         F.count(F.when(F.col("_header_ok") & ~parsed, True)).alias("undecodable"),
     )
     return observed.where(parsed).select(
-        *[c for c in ("partition", "offset") if c in raw.columns],
+        *place,
         *[F.col(f"_m.{name}").alias(name) for name in MESSAGE_COLUMNS],
         F.col("_m.timestamp").alias("event_time"),
     )

@@ -149,6 +149,11 @@ class _Subscribing:
     granted: list[tuple[str, int]] = field(default_factory=list)
 
 
+def will_message(will: Will, client_id: str, node_id: str) -> Message:
+    """The application message a will becomes, to publish now or to keep in case this node dies."""
+    return Message.create(will.topic, will.payload, will.qos, will.retain, client_id, node_id)
+
+
 class Channel:
     """The protocol state of one client connection."""
 
@@ -222,11 +227,7 @@ class Channel:
     def take_will(self) -> Message | None:
         """The will message to publish now, at most once."""
         will, self._will = self._will, None
-        if will is None:
-            return None
-        return Message.create(
-            will.topic, will.payload, will.qos, will.retain, self.client_id, self.node_id
-        )
+        return None if will is None else will_message(will, self.client_id, self.node_id)
 
     # -- CONNECT ------------------------------------------------------------------------------
 
