@@ -234,21 +234,19 @@ class RedisSessionStore:
         answer = await self._acquire(keys=self._keys(client_id), args=args)
         if _text(answer[0]) == "busy":
             return Busy(_text(answer[1]))
-        # HGETALL's values, the will among them, are binary: only the names are text.
-        flat = answer[2]
-        fields = {_text(k): v for k, v in zip(flat[::2], flat[1::2], strict=True)}
-        fields.pop("will", None)
+        flat = [_text(x) for x in answer[2]]  # read after the will was taken out: all text
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
         lease = Lease(client_id, node_id, int(_text(answer[1])))
-        state = _decode_session(
-            {k: _text(v) for k, v in fields.items()}, [_text(x) for x in answer[3]]
-        )
-        return Acquired(lease, state, answer[4] if len(answer) > 4 and answer[4] else None)
+        state = _decode_session(fields, [_text(x) for x in answer[3]])
+        return Acquired(lease, state, answer[4] or None)
 
     async def keep_will(self, lease: Lease, will: bytes) -> None:
         keys = [*self._keys(lease.client_id), self._wills(lease.node_id), self._will_nodes]
         await self._keep_will(keys=keys, args=[lease.token, will, lease.client_id, lease.node_id])
 
     async def claim_wills(self, node_id: str, only_if_dead: bool) -> list[bytes]:
+        """Take the wills of ``node_id``'s connections, if it is dead (or unconditionally: a node
+        restarting under the id of one that crashed), for the caller to publish."""
         keys = [self._wills(node_id), self._will_nodes]
         args: list[str | int] = [node_id, f"{self.prefix}{{", int(only_if_dead)]
         return list(await self._claim_wills(keys=keys, args=args))

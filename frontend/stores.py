@@ -76,10 +76,6 @@ class SessionStore(Protocol):
         """Store the connection's will (a log record), so that another node publishes it if
         this node dies with the connection open [MQTT-3.1.2-8]; release drops it."""
 
-    async def claim_wills(self, node_id: str, only_if_dead: bool) -> list[bytes]:
-        """Take the wills of ``node_id``'s connections, if it is dead (or unconditionally: a node
-        restarting under the id of one that crashed), for the caller to publish."""
-
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         """Store ``state``; False if the lease is no longer current."""
 
@@ -139,9 +135,6 @@ class MemorySessionStore:
 
     async def keep_will(self, lease: Lease, will: bytes) -> None:
         """Nothing to do: in one process a will dies with the node that would publish it."""
-
-    async def claim_wills(self, node_id: str, only_if_dead: bool) -> list[bytes]:
-        return []
 
     def _current(self, lease: Lease) -> bool:
         return self._tokens.get(lease.client_id) == lease.token
