@@ -37,7 +37,7 @@ JVM_OPTIONS = (
     # ZGC: pauses under a millisecond. With G1 (MaxGCPauseMillis=20, as Kafka's scripts run it)
     # young pauses of 20 to 180 ms every few seconds were measured on a 2-core machine at only
     # 1,000 produce requests/s, and they were the whole p99 of the log's round trip
-    # (docs/benchmarks.md).
+    # (docs/design.md, 4.1).
     "-XX:+UseZGC",
     "-XX:+ExitOnOutOfMemoryError",
     "-Djava.awt.headless=true",
