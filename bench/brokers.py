@@ -39,9 +39,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from frontend.config import build_parser as node_parser
 from frontend.mqtt.codec import Decoder, encode
 from frontend.mqtt.packets import Connack, Connect, Disconnect
-from frontend.server import build_parser as node_parser
 from headwater.services.kafka import LocalKafka
 from headwater.services.kafka_admin import admin_client, ensure_topic
 from headwater.services.kafka_classpath import KAFKA_VERSION

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from frontend.server import main as node_main
+from frontend.node import main as node_main
 
 TOP = 40
 

@@ -34,7 +34,7 @@ from headwater.services.kafka_admin import ensure_topic
 from headwater.services.ports import free_port
 from headwater.services.process import ChildProcess
 from headwater.services.redis_server import LocalRedis
-from headwater.topics import messages_topic
+from router.topics import messages_topic
 
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- sessions:begin -->", "<!-- sessions:end -->"

@@ -1,7 +1,7 @@
 """Throughput of the traffic job: records per second through Kafka source, Avro decoding and the
 windowed aggregation, on this machine.
 
-Produces ``--records`` log records (``frontend.record`` encoding, keyed and partitioned like a
+Produces ``--records`` log records (``router.record`` encoding, keyed and partitioned like a
 front-end does) into a fresh topic, then runs the traffic job over them with the available-now
 trigger and the ``noop`` sink, ``--runs`` times on one SparkSession (each run with a fresh
 checkpoint, so each reads everything; the first run also pays for code generation and JIT
@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from frontend.record import Message, encode
+from frontend.mqtt.message import Message
 from headwater.services.kafka_admin import ensure_topic
 from router.partitioner import Router, routing_key
+from router.record import encode
 from spark_streaming.options import JobOptions, Trigger
 from spark_streaming.runner import run
 from spark_streaming.source import build_session

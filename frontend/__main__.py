@@ -2,6 +2,6 @@
 
 import sys
 
-from frontend.server import main
+from frontend.node import main
 
 sys.exit(main())

@@ -1,8 +1,9 @@
 """What a node reports about itself: a JSON snapshot, served over HTTP at ``GET /stats``.
 
-The snapshot is read from counters the parts keep anyway (log, broker, node); producing it costs
-one round trip to the consumer thread for positions and watermarks.  The endpoint is a minimal
-HTTP/1.0 responder on its own port (``--stats-listen``), for ``headwater stats`` and for scrapers.
+The snapshot is read from counters the parts keep anyway (the log, its reader, the dispatcher,
+the session manager, the connections); it costs no I/O.  The endpoint is a minimal HTTP/1.0
+responder on its own port (``--stats-listen``), for ``headwater stats`` and for scrapers; it is
+handed the snapshot function, not the node.
 """
 
 from __future__ import annotations
@@ -10,49 +11,57 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-if TYPE_CHECKING:
-    from frontend.server import Node
+from frontend.connection import Services
+from router.dispatch import Dispatcher
+from router.log import KafkaLog
+from router.partitioner import Router
 
 log = logging.getLogger("headwater.stats")
 
 
-async def snapshot(node: Node) -> dict[str, Any]:
-    positions = await node.log.positions()
+def snapshot(
+    node_id: str, router: Router, klog: KafkaLog, dispatcher: Dispatcher, services: Services
+) -> dict[str, Any]:
+    reader, counters, sessions = klog.reader, dispatcher.counters, services.sessions
+    positions = reader.positions()
     lag = {p: max(high - pos, 0) for p, (pos, high) in positions.items() if pos >= 0 and high >= 0}
-    broker, klog = node.broker.counters, node.log
     return {
-        "node_id": node.config.node_id,
-        "clients": node.broker.client_count,
-        "partitions_total": node.router.num_partitions,
-        "assigned_partitions": klog.assigned(),
+        "node_id": node_id,
+        "clients": dispatcher.client_count,
+        "partitions_total": router.num_partitions,
+        "assigned_partitions": reader.assigned(),
         "positions": {str(p): pos for p, (pos, _) in positions.items()},
         "consumer_lag": {str(p): n for p, n in lag.items()},
-        "records_fetched": klog.fetched_records,
-        "bytes_fetched": klog.fetched_bytes,
-        "records_dispatched": broker.records_dispatched,
-        "messages_delivered": broker.messages_delivered,
-        "messages_dropped": broker.messages_dropped,
-        "messages_replayed": node.counters.messages_replayed,
-        "records_lost_to_retention": node.counters.retention_lost,
+        "records_fetched": reader.fetched_records,
+        "bytes_fetched": reader.fetched_bytes,
+        "records_dispatched": counters.records_dispatched,
+        "messages_delivered": counters.messages_delivered,
+        "messages_dropped": counters.messages_dropped,
+        "messages_replayed": counters.messages_replayed,
+        "records_lost_to_retention": counters.retention_lost,
+        "sessions_catching_up": reader.catching_up,
         "messages_produced": klog.produced,
         "produce_errors": klog.produce_errors,
-        "undecodable_records": klog.undecodable,
-        "protocol_errors": node.counters.protocol_errors,
-        "wills_published": node.counters.wills_published,
-        "orphaned_wills_published": node.counters.orphaned_wills_published,
-        "shared_groups": node.broker.share_names(),
+        "undecodable_records": reader.undecodable,
+        "protocol_errors": services.protocol_errors,
+        "wills_published": sessions.wills_published,
+        "orphaned_wills_published": sessions.orphaned_wills_published,
+        "shared_groups": dispatcher.share_names(),
         "kafka_available": klog.available,
     }
 
 
-async def serve_stats(node: Node, host: str, port: int) -> asyncio.Server:
+async def serve_stats(
+    take_snapshot: Callable[[], dict[str, Any]], host: str, port: int
+) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readline(), 5)
             if request.split(b" ")[1:2] == [b"/stats"]:
-                body = json.dumps(await snapshot(node), indent=2).encode()
+                body = json.dumps(take_snapshot(), indent=2).encode()
                 head = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n"
             else:
                 body, head = b"not found\n", b"HTTP/1.0 404 Not Found\r\n"

@@ -3,7 +3,7 @@
 Argument parsing and dispatch only; the work lives in headwater.devcluster and headwater.services.
 A `HeadwaterError` (something the user can fix) is printed as `headwater: error: <message>` on
 stderr with exit code 1 and no traceback. `frontend` hands the rest of the command line, unparsed,
-to `frontend.server.main`.
+to `frontend.node.main`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from headwater.errors import HeadwaterError, SettingError
 from headwater.settings import KAFKA_BOOTSTRAP_ENV, external_kafka_bootstrap, mqtt_port
-from headwater.topics import DEFAULT_PARTITIONS
+from router.topics import DEFAULT_PARTITIONS
 
 DEFAULT_STATE_DIR = Path(".headwater")
 Handler = Callable[[argparse.Namespace], int]
@@ -55,7 +55,7 @@ def _dev_down(args: argparse.Namespace) -> int:
 
 def _topics_create(args: argparse.Namespace) -> int:
     from headwater.services.kafka_admin import check_reachable, ensure_topic
-    from headwater.topics import project_topics
+    from router.topics import project_topics
 
     bootstrap = args.kafka_bootstrap or external_kafka_bootstrap()
     if bootstrap is None:
@@ -70,8 +70,8 @@ def _topics_create(args: argparse.Namespace) -> int:
 
 
 def run_frontend(argv: list[str]) -> int:
-    """Run one front-end node; its flags are parsed by frontend.server."""
-    from frontend.server import main as frontend_main
+    """Run one front-end node; its flags are parsed by frontend.node."""
+    from frontend.node import main as frontend_main
 
     return int(frontend_main(argv))
 

@@ -2,8 +2,8 @@
 
 Parsing only: the flags become a ``JobOptions``, checked before Spark starts, and
 ``spark_streaming.runner.run`` does the rest.  Bad flags exit 2 with one line naming the flag; a
-failed query exits 1.  ``python -m spark_streaming.cli`` and ``spark-submit
-spark_streaming/jobs/<job>.py`` accept the same flags (the job name then comes from the file).
+failed query exits 1.  ``python -m spark_streaming.cli <job>`` and ``spark-submit
+spark_streaming/cli.py <job>`` accept the same arguments.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import sys
 
 from pyspark.errors import PySparkException
 
-from headwater.errors import HeadwaterError
-from headwater.settings import KAFKA_BOOTSTRAP_ENV, external_kafka_bootstrap
 from spark_streaming.jobs import JOBS
 from spark_streaming.options import (
     DEFAULT_TOPIC,
@@ -27,6 +25,7 @@ from spark_streaming.options import (
     validate,
 )
 from spark_streaming.runner import run
+from spark_streaming.settings import KAFKA_BOOTSTRAP_ENV, SettingError, external_kafka_bootstrap
 
 
 def _positive(text: str) -> int:
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         validate(options, job.APPEND_ONLY)
         if hasattr(job, "check"):
             job.check(options)
-    except (OptionsError, HeadwaterError) as exc:
+    except (OptionsError, SettingError) as exc:
         print(f"headwater analytics: error: {exc}", file=sys.stderr)
         return 2
     try:

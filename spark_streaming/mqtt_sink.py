@@ -2,10 +2,11 @@
 
 Each result row becomes one application message on ``<base>/<subtopic>`` (e.g.
 ``analytics/traffic/sensors/kitchen``) whose payload is the row as a JSON object (timestamps as
-ISO-8601 UTC strings).  It is encoded exactly as a front-end encodes a PUBLISH
-(``frontend.record.Message`` + ``encode``), keyed by its routing key and written to the partition
-``router.partitioner.Router`` picks, so every front-end delivers it to subscribers of a matching
-filter like any other message.  ``origin_node`` is ``ANALYTICS_ORIGIN``, which the jobs skip.
+ISO-8601 UTC strings).  It is encoded exactly as a front-end encodes a PUBLISH (a ``Message`` from
+``router.record.wall_clock_stamps``, then ``router.record.encode``), keyed by its routing key and
+written to the partition ``router.partitioner.Router`` picks, so every front-end delivers it to
+subscribers of a matching filter like any other message.  ``origin_node`` is
+``ANALYTICS_ORIGIN``, which the jobs skip.
 
 Delivery: ``foreachBatch`` runs ``write_batch`` on the driver, which collects the batch's rows
 (aggregates: a few per window), produces them with an idempotent producer (``acks=all``), waits
@@ -31,8 +32,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
 
-from frontend.record import Message, encode
+from frontend.mqtt.message import Message
 from router.partitioner import Router, routing_key
+from router.record import encode, wall_clock_stamps
 from spark_streaming.options import ANALYTICS_ORIGIN, JobOptions
 
 MARKERS = "mqtt_sink"
@@ -85,6 +87,7 @@ class MqttSink:
         self.qos = qos
         self.client_id = f"{ANALYTICS_ORIGIN}-{options.job}"
         self.checkpoint = str(options.checkpoint)
+        self._stamps = wall_clock_stamps(ANALYTICS_ORIGIN)
         self._router: Router | None = None
         self._producer: Producer | None = None
         self.written = 0
@@ -105,7 +108,7 @@ class MqttSink:
         """The MQTT message carrying ``row``, with an id that a re-run of the batch repeats."""
         topic = f"{self.options.mqtt_base_topic}/{safe_level(self.subtopic(row))}"
         payload = json.dumps(row, sort_keys=True, separators=(",", ":")).encode()
-        message = Message.create(topic, payload, self.qos, False, self.client_id, ANALYTICS_ORIGIN)
+        message = self._stamps.message(topic, payload, self.qos, False, self.client_id)
         seed = b"|".join(
             (self.checkpoint.encode(), str(batch_id).encode(), topic.encode(), payload)
         )

@@ -5,11 +5,12 @@ through ``spark.jars.packages``, with Ivy's cache pinned to ``$HEADWATER_CACHE/i
 ``~/.cache/headwater/ivy``): the first run downloads them from Maven Central, every later run
 resolves them from that cache with no network.
 
-A log record value is Avro single-object encoded (see ``frontend.record``): 10 header bytes
+A log record value is Avro single-object encoded (see ``router.record``): 10 header bytes
 (``C3 01`` + the schema's CRC-64-AVRO fingerprint, little-endian), then the binary datum.
-``read_messages`` keeps the records whose header is exactly ``frontend.record.HEADER`` and decodes
-the rest of the value with spark-avro's ``from_avro`` against ``schemas/mqtt_message.avsc``
-(PERMISSIVE: a datum that does not parse becomes a record of nulls, not a failed query).
+``read_messages`` keeps the records whose header is exactly ``router.record.HEADER`` and decodes
+the rest of the value with spark-avro's ``from_avro`` against ``router.record.SCHEMA_TEXT``, the
+``schemas`` package's ``mqtt_message.avsc`` read as package data (PERMISSIVE: a datum that does
+not parse becomes a record of nulls, not a failed query).
 Records with another header (a different schema, or not Headwater's at all) and undecodable data
 are dropped, and counted as the observed metric ``headwater_records`` (``records``, ``bad_header``,
 ``undecodable``), which every streaming progress report carries.
@@ -27,10 +28,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
-from frontend.record import HEADER, HEADER_SIZE, SCHEMA_PATH
-from headwater.settings import cache_root
+from router.record import HEADER, HEADER_SIZE, SCHEMA_TEXT
+from spark_streaming.settings import cache_root
 
-SCHEMA_JSON = SCHEMA_PATH.read_text()
 OBSERVATION = "headwater_records"
 """Name of the observed metric carrying the per-batch record, bad-header and undecodable counts."""
 
@@ -169,7 +169,7 @@ def decode_records(raw: DataFrame) -> DataFrame:
     decoded = raw.select(
         *place,
         good.alias("_header_ok"),
-        F.when(good, from_avro(datum, SCHEMA_JSON, {"mode": "PERMISSIVE"})).alias("_m"),
+        F.when(good, from_avro(datum, SCHEMA_TEXT, {"mode": "PERMISSIVE"})).alias("_m"),
     )
     # PERMISSIVE turns a datum that does not parse into a record of nulls; a real one has an id.
     parsed = F.col("_m.message_id").isNotNull()

@@ -26,7 +26,6 @@ them in.  One place, :meth:`Channel.handle_error`, decides the wire reaction to 
 from __future__ import annotations
 
 import enum
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from frontend.mqtt import topics
 from frontend.mqtt.codec import encode
 from frontend.mqtt.errors import ConnectRefused, ProtocolError
+from frontend.mqtt.message import Message, MessageStamps
 from frontend.mqtt.packets import (
     SUBACK_FAILURE,
     Connack,
@@ -54,8 +54,7 @@ from frontend.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from frontend.record import Message
-from frontend.session import Session
+from frontend.mqtt.session import Session
 
 
 class State(enum.Enum):
@@ -149,16 +148,16 @@ class _Subscribing:
     granted: list[tuple[str, int]] = field(default_factory=list)
 
 
-def will_message(will: Will, client_id: str, node_id: str) -> Message:
+def will_message(will: Will, client_id: str, stamps: MessageStamps) -> Message:
     """The application message a will becomes, to publish now or to keep in case this node dies."""
-    return Message.create(will.topic, will.payload, will.qos, will.retain, client_id, node_id)
+    return stamps.message(will.topic, will.payload, will.qos, will.retain, client_id)
 
 
 class Channel:
     """The protocol state of one client connection."""
 
-    def __init__(self, node_id: str, limits: Limits | None = None) -> None:
-        self.node_id = node_id
+    def __init__(self, stamps: MessageStamps, limits: Limits | None = None) -> None:
+        self.stamps = stamps
         self.limits = limits or Limits()
         self.state = State.CONNECTING
         self.client_id = ""
@@ -227,7 +226,7 @@ class Channel:
     def take_will(self) -> Message | None:
         """The will message to publish now, at most once."""
         will, self._will = self._will, None
-        return None if will is None else will_message(will, self.client_id, self.node_id)
+        return None if will is None else will_message(will, self.client_id, self.stamps)
 
     # -- CONNECT ------------------------------------------------------------------------------
 
@@ -245,7 +244,7 @@ class Channel:
                     "MQTT-3.1.3-8",
                     "zero-length client id requires cleanSession=1",
                 )
-            client_id = f"headwater-{uuid.uuid4().hex}"  # [MQTT-3.1.3-6]
+            client_id = f"headwater-{self.stamps.new_id().hex()}"  # [MQTT-3.1.3-6]
         elif len(client_id.encode()) > self.limits.max_client_id_length or (
             connect.protocol_level == 3 and len(client_id.encode()) > 23
         ):
@@ -280,13 +279,8 @@ class Channel:
 
     def _on_publish(self, publish: Publish) -> list[Action]:
         topics.validate_topic_name(publish.topic)
-        message = Message.create(
-            publish.topic,
-            publish.payload,
-            publish.qos,
-            publish.retain,
-            self.client_id,
-            self.node_id,
+        message = self.stamps.message(
+            publish.topic, publish.payload, publish.qos, publish.retain, self.client_id
         )
         if publish.qos == 0:
             return [Produce(message, None)]

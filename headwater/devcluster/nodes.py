@@ -14,7 +14,7 @@ from pathlib import Path
 from headwater.services.ports import LOOPBACK, free_port, port_accepts
 from headwater.services.process import ChildProcess
 from headwater.services.readiness import wait_until
-from headwater.topics import MESSAGES_TOPIC
+from router.topics import MESSAGES_TOPIC
 
 
 @dataclass(frozen=True, slots=True)

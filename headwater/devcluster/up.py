@@ -39,7 +39,7 @@ from headwater.services.ports import LOOPBACK, ensure_port_free
 from headwater.services.process import ChildProcess, start_ticks, terminate_group
 from headwater.services.redis_server import LocalRedis, redact, require_redis_server
 from headwater.settings import external_kafka_bootstrap, external_redis_url
-from headwater.topics import project_topics
+from router.topics import project_topics
 
 PORT_SETTING = "--port / HEADWATER_PORT"
 READY_LINE = "headwater: ready (Ctrl-C to stop)"

@@ -22,7 +22,6 @@ N*W ends in the bucket of the last message and whose last M is empty is the one 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,13 +81,3 @@ def transform(df: DataFrame, options: JobOptions) -> DataFrame:
 def mqtt_subtopic(row: Mapping[str, Any]) -> str:
     """A report on client ``c`` goes to ``<--mqtt-topic>/c`` (``analytics/device_silence/c``)."""
     return str(row["client_id"])
-
-
-def main(argv: list[str] | None = None) -> int:
-    from spark_streaming.cli import main as cli_main
-
-    return cli_main([NAME, *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,6 @@ wrong, not just early).  State per open window: one entry per publisher seen in 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,13 +73,3 @@ def transform(df: DataFrame, options: JobOptions) -> DataFrame:
 def mqtt_subtopic(row: Mapping[str, Any]) -> str:
     """Rank ``n`` of a window goes to ``<--mqtt-topic>/n`` (``analytics/top_publishers/n``)."""
     return str(row["rank"])
-
-
-def main(argv: list[str] | None = None) -> int:
-    from spark_streaming.cli import main as cli_main
-
-    return cli_main([NAME, *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,6 @@ append mode (parquet) a window is emitted once, final, after the watermark passe
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,13 +59,3 @@ def transform(df: DataFrame, options: JobOptions) -> DataFrame:
 def mqtt_subtopic(row: Mapping[str, Any]) -> str:
     """Results for prefix ``p`` go to ``<--mqtt-topic>/p`` (default ``analytics/traffic/p``)."""
     return str(row["prefix"])
-
-
-def main(argv: list[str] | None = None) -> int:
-    from spark_streaming.cli import main as cli_main
-
-    return cli_main([NAME, *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from frontend.mqtt.channel import Limits
-from frontend.server import Node, NodeConfig
+from frontend.node import Node, NodeConfig
 from headwater.services.kafka_admin import ensure_topic
-from headwater.topics import messages_topic
+from router.topics import messages_topic
 
 PARTITIONS = 4
 

@@ -18,7 +18,7 @@ import pytest
 from frontend.mqtt.codec import Decoder, encode
 from frontend.mqtt.errors import ProtocolError
 from frontend.mqtt.packets import Connack, Connect, Puback, Publish, Will
-from frontend.server import Node
+from frontend.node import Node
 from tests.e2e.conftest import NodeFactory
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.realclients import (
@@ -143,7 +143,7 @@ async def test_random_bytes_are_closed_while_a_healthy_client_carries_on(
     )
     await ping_pong(healthy, 3, "health/t")
     await only_connections_left(node, 1)
-    assert node.counters.protocol_errors >= len(bad)
+    assert node.services.protocol_errors >= len(bad)
     assert loop_errors == []
 
 

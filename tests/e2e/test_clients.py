@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import aiomqtt
 import pytest
 
-from frontend.server import Node
+from frontend.node import Node
 from tests.e2e.conftest import NodeFactory
 from tests.e2e.realclients import (
     HOST,

@@ -14,7 +14,7 @@ import pytest
 
 from frontend.mqtt.channel import Limits
 from frontend.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
-from frontend.server import Node
+from frontend.node import Node
 from router.partitioner import Router
 from tests.conftest import free_port
 from tests.e2e.conftest import PARTITIONS, NodeFactory, launch_node_process
@@ -128,9 +128,9 @@ async def test_idle_node_fetches_nothing(start_node: NodeFactory) -> None:
     pub = await RawClient.connected(idle.config.port, "idle-pub")
     await publish_qos1(pub, "idle/t", [b"a", b"b"])
     await receive(sub, 2)
-    assert idle.log.assigned() == []
-    assert idle.log.fetched_records == 0 and idle.log.fetched_bytes == 0
-    assert await idle.log.positions() == {}
+    assert idle.log.reader.assigned() == []
+    assert idle.log.reader.fetched_records == 0 and idle.log.reader.fetched_bytes == 0
+    assert idle.log.reader.positions() == {}
     await sub.close()
     await pub.close()
 
@@ -149,10 +149,10 @@ async def test_node_reads_only_the_partitions_its_subscribers_need(
     got = await receive(sub, 2)
     assert sorted(p.topic for p in got) == sorted(wanted)
     await sub.expect_silence(0.5)
-    assert reader.log.assigned() == [1]
-    positions = await reader.log.positions()
+    assert reader.log.reader.assigned() == [1]
+    positions = reader.log.reader.positions()
     assert list(positions) == [1]
-    assert reader.log.fetched_records == 2  # the two records of partition 1 only
+    assert reader.log.reader.fetched_records == 2  # the two records of partition 1 only
     await sub.close()
     await pub.close()
 
@@ -164,18 +164,18 @@ async def test_unsubscribe_and_disconnect_release_partitions(start_node: NodeFac
     c2 = await RawClient.connected(node.config.port, "rel2")
     await c1.subscribe((topic_a, 0))
     await c2.subscribe((topic_a, 0), (topic_b, 0))
-    assert node.log.assigned() == [2, 3]
+    assert node.log.reader.assigned() == [2, 3]
     await c1.close()
     await asyncio.sleep(0.2)
-    assert node.log.assigned() == [2, 3]  # c2 still needs both
+    assert node.log.reader.assigned() == [2, 3]  # c2 still needs both
     from frontend.mqtt.packets import Unsuback, Unsubscribe
 
     await c2.send(Unsubscribe(5, (topic_b,)))
     assert await c2.recv() == Unsuback(5)
-    assert node.log.assigned() == [2]
+    assert node.log.reader.assigned() == [2]
     await c2.close()
     await asyncio.sleep(0.2)
-    assert node.log.assigned() == []
+    assert node.log.reader.assigned() == []
 
 
 async def test_nodes_joining_and_leaving_under_traffic(start_node: NodeFactory) -> None:
@@ -248,7 +248,7 @@ async def test_killed_node_restarts_and_serves(
 async def wait_for_share_balance(nodes: list[Node], group: str, topic_filter: str) -> None:
     """Until Kafka has spread the log's partitions over every node's group consumer."""
     for _ in range(200):
-        groups = [n.broker.share_group(group, topic_filter) for n in nodes]
+        groups = [n.dispatcher.share_group(group, topic_filter) for n in nodes]
         assigned = [g.assigned if g else set() for g in groups]
         if (
             all(assigned)
@@ -372,6 +372,6 @@ async def test_slow_subscriber_drops_qos0_and_never_stalls_others(start_node: No
         assert isinstance(packet, Publish) and packet.payload == payload
         got += 1
     await sender
-    assert node.broker.counters.messages_dropped > 0  # the stalled client's QoS 0, counted
+    assert node.dispatcher.counters.messages_dropped > 0  # the stalled client's QoS 0, counted
     for c in (stalled, fast, pub):
         await c.close()

@@ -25,7 +25,7 @@ from frontend.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from frontend.server import Node
+from frontend.node import Node
 from tests.e2e.rawmqtt import RawClient
 
 # -- CONNECT --------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from frontend.mqtt.packets import (
     Pubrel,
     Will,
 )
-from frontend.server import SAVE_INTERVAL, Node
+from frontend.node import Node
+from frontend.sessions.manager import SAVE_INTERVAL
 from tests.conftest import free_port
 from tests.e2e.conftest import NodeFactory, launch_node_process
 from tests.e2e.rawmqtt import RawClient
@@ -78,7 +79,7 @@ async def test_persistent_session_moves_and_gets_what_it_missed(nodes: list[Node
     assert fleet_a == [("fleet/a/cmd", b"1", 1), ("fleet/a/cmd", b"2", 1)]  # in order
     assert ("fleet/b/cmd", b"3", 2) in got
     await back.expect_silence(0.5)
-    assert n3.counters.messages_replayed == 3
+    assert n3.dispatcher.counters.messages_replayed == 3
     await back.close()
     await pub.close()
 
@@ -260,7 +261,7 @@ async def test_wills_of_a_killed_node_are_published_once_by_another_node(
     will = await next_will(will_watcher, timeout=15)
     assert (will.topic, will.payload, will.qos) == ("wills/stayer", b"lost", 1)
     await will_watcher.expect_silence(3.0)  # once, by one node; never the leaver's
-    assert sum(n.counters.orphaned_wills_published for n in nodes) == 1
+    assert sum(n.sessions.orphaned_wills_published for n in nodes) == 1
 
 
 async def test_a_client_back_at_once_after_its_node_died_gets_its_will_out_first(
@@ -388,6 +389,6 @@ async def test_records_lost_to_retention_are_counted_and_session_continues(
     back = await reconnect(n2.config.port, "late", present=True)
     got = await receive(back, 2)
     assert [p.payload for p in got] == [b"3", b"4"]
-    assert n2.counters.retention_lost == 3
+    assert n2.dispatcher.counters.retention_lost == 3
     await back.close()
     await pub.close()

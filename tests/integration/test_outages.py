@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from frontend.mqtt.packets import Connack, Connect, Puback, Publish
-from frontend.server import Node, NodeConfig
+from frontend.node import Node, NodeConfig
 from headwater.services.kafka import KafkaPorts, LocalKafka
 from headwater.services.kafka_admin import ensure_topic
 from headwater.services.process import ChildProcess

@@ -3,7 +3,7 @@
 The session is built by ``spark_streaming.source.build_session`` (so the tests use the connector
 jars the jobs use, from the same Ivy cache), with local[2] and two shuffle partitions.  The
 front-end fixtures of tests/e2e (an in-process ``Node`` on an ephemeral port, a fresh log topic)
-are re-exported here.  ``log_messages`` decodes a topic with ``frontend.record.decode``: an
+are re-exported here.  ``log_messages`` decodes a topic with ``router.record.decode``: an
 implementation independent of Spark's, against which the jobs' aggregates are checked.
 """
 
@@ -21,7 +21,8 @@ import contextlib
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 
-from frontend.record import Message, RecordError, decode
+from frontend.mqtt.message import Message
+from router.record import RecordError, decode
 from spark_streaming.source import build_session
 from tests.e2e.conftest import log_topic, node, start_node
 

@@ -2,7 +2,7 @@
 Spark from Kafka, and results checked against what was published and decoded independently.
 
 Streaming runs use the available-now trigger and a thread of their own (the front-end node runs
-in the test's event loop).  Spark's rows are compared with ``frontend.record.decode`` of the same
+in the test's event loop).  Spark's rows are compared with ``router.record.decode`` of the same
 log, after checking that the log holds exactly what the clients published.
 """
 
@@ -20,10 +20,11 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from frontend.record import HEADER, Message, encode
-from frontend.server import Node
+from frontend.mqtt.message import Message
+from frontend.node import Node
 from headwater.services.kafka_admin import ensure_topic
 from router.partitioner import routing_key
+from router.record import HEADER, encode
 from spark_streaming.mqtt_sink import MqttSink
 from spark_streaming.options import ANALYTICS_ORIGIN, JobOptions, Trigger
 from spark_streaming.runner import RunSummary, run

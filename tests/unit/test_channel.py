@@ -27,6 +27,7 @@ from frontend.mqtt.channel import (
 )
 from frontend.mqtt.codec import Decoder, PublishTemplate
 from frontend.mqtt.errors import ConnectRefused, MalformedPacket, ProtocolError
+from frontend.mqtt.message import Message, MessageStamps
 from frontend.mqtt.packets import (
     SUBACK_FAILURE,
     Connack,
@@ -46,15 +47,15 @@ from frontend.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from frontend.record import Message
-from frontend.session import Outbound, Session
+from frontend.mqtt.session import Outbound, Session
 
 NODE = "node-7"
+STAMPS = MessageStamps(NODE, lambda: 1_700_000_000_000, bytes(8))
 WILL = Will("clients/c/status", b"gone", qos=1, retain=True)
 
 
 def opening(connect: Connect | None = None, limits: Limits | None = None) -> Channel:
-    channel = Channel(NODE, limits)
+    channel = Channel(STAMPS, limits)
     (action,) = channel.handle_in(connect or Connect("c"))
     assert isinstance(action, OpenSession)
     assert channel.state is State.OPENING
@@ -139,7 +140,7 @@ def closed_by_disconnect() -> Channel:
 
 
 def closed_before_connect() -> Channel:
-    channel = Channel(NODE)
+    channel = Channel(STAMPS)
     channel.connection_lost("gone")
     return channel
 
@@ -172,7 +173,7 @@ def test_the_samples_cover_all_fourteen_packet_types() -> None:
 
 @pytest.mark.parametrize("kind", SAMPLES, ids=lambda k: k.__name__)
 def test_connecting(kind: type) -> None:
-    channel = Channel(NODE)
+    channel = Channel(STAMPS)
     if kind is Connect:
         (action,) = channel.handle_in(SAMPLES[kind])
         assert action == OpenSession(Connect("c"), "c")
@@ -240,7 +241,7 @@ def test_closed_ignores_late_events(route: Callable[[], Channel]) -> None:
 
 def test_open_session_carries_the_connect_and_client_id() -> None:
     connect = Connect("dev-1", clean_session=False, keep_alive=30, username="u", password=b"p")
-    channel = Channel(NODE)
+    channel = Channel(STAMPS)
     assert channel.handle_in(connect) == [OpenSession(connect, "dev-1")]
     assert (channel.client_id, channel.keep_alive, channel.connect) == ("dev-1", 30, connect)
 
@@ -249,7 +250,7 @@ def test_empty_client_id_with_clean_session_is_assigned_a_unique_id() -> None:
     # [MQTT-3.1.3-6] the server assigns a unique ClientId to a zero-byte one with CleanSession=1
     ids = set()
     for _ in range(3):
-        channel = Channel(NODE)
+        channel = Channel(STAMPS)
         (action,) = channel.handle_in(Connect("", clean_session=True))
         assert isinstance(action, OpenSession)
         assert action.client_id.startswith("headwater-")
@@ -260,7 +261,7 @@ def test_empty_client_id_with_clean_session_is_assigned_a_unique_id() -> None:
 
 def test_empty_client_id_without_clean_session_is_rejected_with_code_2() -> None:
     # [MQTT-3.1.3-8] zero-byte ClientId with CleanSession=0: CONNACK 0x02, then close
-    channel = Channel(NODE)
+    channel = Channel(STAMPS)
     with pytest.raises(ConnectRefused) as raised:
         channel.handle_in(Connect("", clean_session=False))
     assert raised.value.spec_id == "MQTT-3.1.3-8"
@@ -272,7 +273,7 @@ def test_empty_client_id_without_clean_session_is_rejected_with_code_2() -> None
 
 
 def test_mqtt31_client_id_longer_than_23_characters_is_rejected_with_code_2() -> None:
-    channel = Channel(NODE)
+    channel = Channel(STAMPS)
     with pytest.raises(ConnectRefused) as raised:
         channel.handle_in(Connect("x" * 24, protocol_name="MQIsdp", protocol_level=3))
     assert raised.value.connack_code == 2
@@ -300,7 +301,7 @@ def test_client_id_over_the_configured_limit_is_rejected_with_code_2() -> None:
 
 def test_handle_error_while_connecting_sends_the_connack_code_then_closes() -> None:
     # 3.2.2.3: a refused CONNECT is answered with its return code, then the connection closes
-    channel = Channel(NODE)
+    channel = Channel(STAMPS)
     actions = channel.handle_error(ConnectRefused(1, "MQTT-3.1.2-2", "level 9"))
     assert sent(actions) == [Connack(False, 1)]
     assert isinstance(actions[-1], Close)
@@ -310,7 +311,7 @@ def test_handle_error_while_connecting_sends_the_connack_code_then_closes() -> N
 
 def test_handle_error_without_a_connack_code_only_closes() -> None:
     # [MQTT-4.8.0-1] a protocol violation closes the connection without a reply
-    channel = Channel(NODE)
+    channel = Channel(STAMPS)
     assert channel.handle_error(ProtocolError("MQTT-3.1.2-1", "bad name")) == [
         Close("[MQTT-3.1.2-1] bad name", publish_will=False)
     ]
@@ -572,7 +573,7 @@ def test_qos2_publish_made_durable_is_not_written_again_after_a_reconnect() -> N
 
 
 def _outbound(qos: int, payload: bytes) -> Outbound:
-    message = Message.create("t", payload, qos, False, "other", NODE)
+    message = STAMPS.message("t", payload, qos, False, "other")
     return Outbound(message, qos, False, PublishTemplate("t", payload, qos))
 
 

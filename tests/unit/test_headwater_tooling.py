@@ -30,7 +30,7 @@ from headwater.services.process import ChildProcess, ProcessIdentity, find_progr
 from headwater.services.readiness import wait_until
 from headwater.services.redis_server import redact
 from headwater.settings import external_kafka_bootstrap, external_redis_url, mqtt_port
-from headwater.topics import MESSAGES_TOPIC, project_topics
+from router.topics import MESSAGES_TOPIC, project_topics
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -239,7 +239,7 @@ def test_cli_hands_frontend_arguments_over_untouched(monkeypatch: pytest.MonkeyP
         seen.append(argv)
         return 7
 
-    monkeypatch.setitem(sys.modules, "frontend.server", types.SimpleNamespace(main=fake_main))
+    monkeypatch.setitem(sys.modules, "frontend.node", types.SimpleNamespace(main=fake_main))
     assert cli.main(["frontend", "--node-id", "n1", "--listen", "127.0.0.1:1"]) == 7
     assert seen == [["--node-id", "n1", "--listen", "127.0.0.1:1"]]
 

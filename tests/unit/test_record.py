@@ -22,8 +22,8 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frontend import record
-from frontend.record import Message, RecordError
+from router import record
+from router.record import Message, RecordError, wall_clock_stamps
 
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schemas" / "mqtt_message.avsc"
 
@@ -110,7 +110,7 @@ def test_header_is_magic_then_little_endian_fingerprint_of_the_canonical_schema(
     expected = b"\xc3\x01" + _crc64_avro(CANONICAL.encode()).to_bytes(8, "little")
     assert bytes.fromhex(fingerprint(CANONICAL, "CRC-64-AVRO")) == expected[2:]
     assert expected == record.HEADER
-    assert record.encode(Message.create("t", b"", 0, False, "c", "n"))[:10] == expected
+    assert record.encode(wall_clock_stamps("n").message("t", b"", 0, False, "c"))[:10] == expected
 
 
 def test_the_module_reads_the_schema_file_in_the_repository() -> None:
@@ -146,7 +146,8 @@ def test_fastavro_reads_what_encode_writes(message: Message) -> None:
 
 
 def test_created_messages_have_unique_16_byte_ids_and_round_trip() -> None:
-    created = [Message.create("a/b", b"x", 1, True, "c", "n") for _ in range(1000)]
+    stamps = wall_clock_stamps("n")
+    created = [stamps.message("a/b", b"x", 1, True, "c") for _ in range(1000)]
     assert len({m.message_id for m in created}) == 1000
     assert all(len(m.message_id) == 16 for m in created)
     assert [record.decode(record.encode(m)) for m in created] == created
@@ -198,7 +199,7 @@ def test_a_record_of_another_schema_is_refused() -> None:
     header = b"\xc3\x01" + bytes.fromhex(
         fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO")
     )
-    message = Message.create("t", b"p", 1, False, "c", "n")
+    message = wall_clock_stamps("n").message("t", b"p", 1, False, "c")
     datum = io.BytesIO()
     fastavro.schemaless_writer(datum, parsed, _as_dict(message))
     with pytest.raises(RecordError):

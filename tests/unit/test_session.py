@@ -21,8 +21,10 @@ from hypothesis.stateful import (
 
 from frontend.mqtt.codec import Decoder, PublishTemplate
 from frontend.mqtt.packets import Packet, Publish, Pubrel
-from frontend.record import Message
-from frontend.session import MAX_PACKET_ID, Outbound, Session
+from frontend.mqtt.session import MAX_PACKET_ID, Outbound, Session
+from router.record import wall_clock_stamps
+
+STAMPS = wall_clock_stamps("node-1")
 
 _serials = itertools.count()
 
@@ -31,7 +33,7 @@ def outbound(qos: int, payload: bytes | None = None, retain: bool = False) -> Ou
     """A message for the client at ``qos``; the payload defaults to a unique serial number."""
     if payload is None:
         payload = str(next(_serials)).encode()
-    message = Message.create("a/b", payload, qos, retain, "publisher", "node-1")
+    message = STAMPS.message("a/b", payload, qos, retain, "publisher")
     return Outbound(message, qos, retain, PublishTemplate("a/b", payload, qos))
 
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frontend.mqtt.topics import is_valid_filter, matches
-from frontend.trie import SubscriptionTrie
+from router.index import SubscriptionTrie
 
 _LITERALS = ["", "$SYS", "a", "b"]
 

@@ -1,4 +1,4 @@
-"""Taking a session over from another node [MQTT-3.1.4-2], and telling other nodes we are alive.
+"""The cluster as a node sees it: liveness, the takeover inbox [MQTT-3.1.4-2], the will sweep.
 
 A node that finds a session "busy" (owned by a live connection elsewhere) publishes the client
 id on the owner's inbox channel.  The owner closes that connection as a server-side close (the
@@ -22,9 +22,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from frontend.redis_store import RedisSessionStore
+from frontend.sessions.redis import RedisSessionStore
 
-log = logging.getLogger("headwater.takeover")
+log = logging.getLogger("headwater.cluster")
 
 FORCE_AFTER = 1.5
 HEARTBEAT_SECONDS = 1.0

@@ -1,18 +1,17 @@
-"""The interest-routing log: a node's Kafka producer and its one consumer.
+"""The interest-routing log: a node's Kafka producer, its one reader, and the pump that serves both.
 
 Writes: each message goes to the partition its topic's routing key hashes to (see
 ``router.partitioner``), keyed by that routing key, with an idempotent producer and ``acks=all``.
 ``produce`` never blocks: librdkafka queues the record.  A full producer queue makes ``produce``
 return False; the caller stops reading from its client and is called back once it has drained.
 
-Reads: one consumer with *manual* partition assignment (no consumer group: every interested node
-reads a partition in full).  ``assign`` adds partitions at explicit offsets; ``high_watermarks``
-reads where each partition ends, so a subscription can start there.
+Reads: :class:`router.reader.LogReader`, one per node, whatever the number of clients, sessions
+and share groups (its consumers are listed there).
 
 librdkafka does the network work in its own C threads.  What is left, taking the records the
-consumer has fetched and the producer's delivery reports, is done by a *pump* on the event loop
-with non-blocking calls: at once again while there is work, every millisecond when idle.  So
-every callback runs in the loop thread, and the pump takes its turn among the client sockets
+consumers have fetched and the producer's delivery reports, is done by a *pump* on the event
+loop with non-blocking calls: at once again while there is work, every millisecond when idle.
+So every callback runs in the loop thread, and the pump takes its turn among the client sockets
 however busy they are (threads handing work to the loop were starved under uvloop: a node
 flooded by publishers stopped delivering).  A record consumed here is never produced again, so
 no message loops.
@@ -21,22 +20,19 @@ no message loops.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import queue
-import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from frontend import record
-from frontend.record import Message
-from headwater.topics import MAX_RECORD_BYTES
+from frontend.mqtt.message import Message
+from router import record
 from router.partitioner import Router
+from router.reader import LogReader
+from router.topics import MAX_RECORD_BYTES
 
 log = logging.getLogger("headwater.log")
 
@@ -63,28 +59,6 @@ def _transient(exc: KafkaException) -> bool:
     return isinstance(error, KafkaError) and (error.retriable() or error.code() in _TRANSIENT)
 
 
-def next_batch(consumer: Consumer, size: int, wait: float = 0.02) -> list[Any]:
-    """What the consumer has, as soon as it has anything.
-
-    ``consume(n, timeout)`` waits for ``n`` messages or the whole timeout, which at a low rate
-    would hold every record back for the timeout; ``poll`` returns the moment one message is
-    there, and ``consume(n - 1, 0)`` then takes what is already queued without waiting."""
-    first = consumer.poll(wait)
-    if first is None:
-        return []
-    return [first, *consumer.consume(size - 1, 0)]
-
-
-@dataclass(slots=True, frozen=True)
-class Record:
-    """A message read back from the log, with its place in it."""
-
-    partition: int
-    offset: int
-    size: int
-    message: Message
-
-
 @dataclass(slots=True)
 class LogSettings:
     bootstrap: str
@@ -97,70 +71,68 @@ class LogSettings:
 
 
 class KafkaLog:
-    """One node's connection to the log."""
+    """One node's connection to the log: the producer, the admin client and the reader."""
 
-    def __init__(
-        self,
-        settings: LogSettings,
-        router: Router,
-        on_records: Callable[[list[Record]], None],
-    ) -> None:
+    def __init__(self, settings: LogSettings, router: Router) -> None:
         self.settings = settings
         self.router = router
         self.available = False
         self.produced = 0
         self.produce_errors = 0
-        self.fetched_records = 0
-        self.fetched_bytes = 0
-        self.undecodable = 0
-        self._on_records = on_records
+        self.reader = LogReader(settings.topic, settings.fetch_batch)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._producer: Producer | None = None
-        self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
         self._running = False
         self._pump_handle: asyncio.Handle | None = None
         self._probing: asyncio.Future[None] | None = None
         self._reports: list[tuple[DeliveryCallback, int, int, str | None]] = []
         self._blocked: list[Callable[[], None]] = []
-        self._assigned: dict[int, bool] = {}
 
     # -- life cycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        common: dict[str, Any] = {
+    def _common(self) -> dict[str, Any]:
+        return {
             "bootstrap.servers": self.settings.bootstrap,
             "error_cb": self._on_error,
             # Small requests on a quiet link otherwise wait for the previous one's ACK (Nagle
             # meeting delayed ACKs): tens to hundreds of milliseconds of tail latency.
             "socket.nagle.disable": True,
         }
-        self._admin = AdminClient(dict(common))
+
+    def consumer(self, group_id: str, **config: Any) -> Consumer:
+        """A consumer of the log for the reader or a share group (offsets never auto-committed)."""
+        return Consumer({
+            **self._common(),
+            "client.id": f"headwater-{self.settings.node_id}",
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 100,
+            "fetch.queue.backoff.ms": 5,
+            **config,
+        })  # fmt: skip
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._admin = AdminClient(self._common())
         await self._loop.run_in_executor(None, self._check_topic)
-        self._producer = Producer(
-            {
-                **common,
-                "client.id": f"headwater-{self.settings.node_id}",
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": self.settings.linger_ms,
-                "message.timeout.ms": self.settings.delivery_timeout_ms,
-                "queue.buffering.max.messages": self.settings.queue_max_messages,
-                "message.max.bytes": MAX_RECORD_BYTES,
-            }
-        )
-        self._consumer = Consumer(
-            {
-                **common,
-                "client.id": f"headwater-{self.settings.node_id}",
-                "group.id": f"headwater-node-{self.settings.node_id}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": False,
-                "fetch.wait.max.ms": 100,
-                "fetch.queue.backoff.ms": 5,
-            }
+        self._producer = Producer({
+            **self._common(),
+            "client.id": f"headwater-{self.settings.node_id}",
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": self.settings.linger_ms,
+            "message.timeout.ms": self.settings.delivery_timeout_ms,
+            "queue.buffering.max.messages": self.settings.queue_max_messages,
+            "message.max.bytes": MAX_RECORD_BYTES,
+        })  # fmt: skip
+        node = self.settings.node_id
+        self.reader.start(
+            self.consumer(f"headwater-node-{node}"),
+            # the catch-up consumer's prefetch is what a replay holds in memory at most
+            self.consumer(f"headwater-catchup-{node}", **{"queued.max.messages.kbytes": 8192}),
         )
         self._running = True
         self._pump_handle = self._loop.call_soon(self._pump)
@@ -190,9 +162,7 @@ class KafkaLog:
             self._pump_handle.cancel()
         if self._producer is not None:
             await loop.run_in_executor(None, self._producer.flush, flush_timeout)
-        if self._consumer is not None:
-            await loop.run_in_executor(None, self._consumer.close)
-            self._consumer = None
+        await self.reader.stop()
         self._producer = None  # let librdkafka's threads and sockets go now, not at a GC pass
         self._admin = None
 
@@ -247,7 +217,7 @@ class KafkaLog:
 
     def _pump(self) -> None:
         """Take fetched records and delivery reports; come back at once if there were any."""
-        busy = self._serve_producer() | self._serve_consumer()
+        busy = self._serve_producer() | self.reader.serve()
         if not self.available:
             self._start_probe()
         if self._running and self._loop is not None:
@@ -266,22 +236,6 @@ class KafkaLog:
         reports, self._reports = self._reports, []
         self._deliver_reports(reports)
         return bool(reports)
-
-    def _serve_consumer(self) -> bool:
-        assert self._consumer is not None
-        if not self._assigned:
-            return False
-        try:
-            raw = self._consumer.consume(self.settings.fetch_batch, 0)
-        except (KafkaException, RuntimeError) as exc:
-            log.warning("consume failed: %s", exc)
-            return False
-        if not raw:
-            return False
-        batch = self._decode(raw)
-        if batch:
-            self._on_records(batch)
-        return True
 
     def _start_probe(self) -> None:
         if self._probing is None and self._loop is not None:
@@ -314,7 +268,7 @@ class KafkaLog:
             for resume in blocked:
                 resume()
 
-    # -- reading ------------------------------------------------------------------------------
+    # -- where partitions begin and end ---------------------------------------------------------
 
     async def high_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
         """Where each partition ends now: the offset the next record will get.
@@ -339,132 +293,12 @@ class KafkaLog:
         if not partitions:
             return {}
         topic = self.settings.topic
-        latest = OffsetSpec.earliest() if earliest else OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()  # type: ignore[no-untyped-call]
         futures = self._admin.list_offsets(
-            {TopicPartition(topic, p): latest for p in partitions}, request_timeout=10
+            {TopicPartition(topic, p): spec for p in partitions}, request_timeout=10
         )
         result: dict[int, int] = {}
         for tp, future in futures.items():
             info = await asyncio.wrap_future(future)
             result[tp.partition] = info.offset
         return result
-
-    async def replay(self, ranges: dict[int, tuple[int, int]]) -> AsyncIterator[list[Record]]:
-        """The records in ``[start, end)`` of each partition, in log order per partition.
-
-        A consumer of its own, in a thread, reads the ranges and hands batches over through a
-        small bounded queue, so a slow client slows the reading rather than filling memory."""
-        wanted = {p: (start, end) for p, (start, end) in ranges.items() if start < end}
-        if not wanted:
-            return
-        handoff: queue.Queue[list[Record] | BaseException | None] = queue.Queue(maxsize=4)
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=self._read_ranges, args=(wanted, handoff, stop), daemon=True
-        )
-        thread.start()
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                item = await loop.run_in_executor(None, handoff.get)
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    handoff.get_nowait()
-
-    def _read_ranges(
-        self,
-        ranges: dict[int, tuple[int, int]],
-        handoff: queue.Queue[list[Record] | BaseException | None],
-        stop: threading.Event,
-    ) -> None:
-        consumer = Consumer({
-            "bootstrap.servers": self.settings.bootstrap,
-            "group.id": f"headwater-replay-{self.settings.node_id}",
-            "socket.nagle.disable": True,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": False,
-        })  # fmt: skip
-        try:
-            topic = self.settings.topic
-            consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in ranges.items()])
-            remaining = {p: end for p, (_, end) in ranges.items()}
-            idle_since = time.monotonic()
-            while remaining and not stop.is_set():
-                raw = next_batch(consumer, 500, 0.1)
-                batch = [r for r in self._decode(raw) if r.offset < remaining.get(r.partition, -1)]
-                for rec in batch:
-                    if rec.offset >= remaining[rec.partition] - 1:
-                        del remaining[rec.partition]
-                if batch or raw:
-                    idle_since = time.monotonic()
-                    if batch:
-                        handoff.put(batch)
-                elif time.monotonic() - idle_since > 30:
-                    raise TimeoutError(f"replay made no progress for 30 s on {sorted(remaining)}")
-            handoff.put(None)
-        except BaseException as exc:
-            handoff.put(exc)
-        finally:
-            consumer.close()
-
-    def assign(self, offsets: dict[int, int]) -> None:
-        """Start reading these partitions at these offsets."""
-        new = [TopicPartition(self.settings.topic, p, o) for p, o in offsets.items()]
-        if new:
-            if self._consumer is None:
-                return  # stopped: nothing to read any more
-            self._assigned.update(dict.fromkeys(offsets, True))
-            self._consumer.incremental_assign(new)
-
-    def unassign(self, partitions: Iterable[int]) -> None:
-        """Stop reading these partitions."""
-        gone = [TopicPartition(self.settings.topic, p) for p in partitions if p in self._assigned]
-        if gone:
-            for tp in gone:
-                self._assigned.pop(tp.partition, None)
-            if self._consumer is not None:  # after stop() there is nothing to release
-                self._consumer.incremental_unassign(gone)
-
-    def assigned(self) -> list[int]:
-        return sorted(self._assigned)
-
-    async def positions(self) -> dict[int, tuple[int, int]]:
-        """Per assigned partition, Kafka's own view: (consumer position, high watermark).
-
-        The watermark is the one the last fetch response carried; their difference is the lag.
-        A position of -1001 means nothing was fetched yet (the assigned offset still applies)."""
-        assert self._consumer is not None
-        tps = [TopicPartition(self.settings.topic, p) for p in self._assigned]
-        found = {}
-        for tp in self._consumer.position(tps):
-            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
-            found[tp.partition] = (tp.offset, high)
-        return found
-
-    def _decode(self, raw: list[Any]) -> list[Record]:
-        batch: list[Record] = []
-        for msg in raw:
-            if msg.error() is not None:
-                log.warning("fetch error: %s", msg.error().str())
-                continue
-            value = msg.value()
-            self.fetched_records += 1
-            self.fetched_bytes += len(value)
-            try:
-                message = record.decode(value)
-            except record.RecordError as exc:
-                self.undecodable += 1
-                log.warning(
-                    "skipping undecodable record at %s/%s: %s", msg.partition(), msg.offset(), exc
-                )
-                continue
-            batch.append(Record(msg.partition(), msg.offset(), len(value), message))
-        return batch

@@ -1,4 +1,4 @@
-"""Sessions and retained messages in Redis: what lets any node serve any client.
+"""Sessions in Redis: what lets any node serve any client.
 
 Key layout (``P`` is the configurable prefix, default ``hw:``; braces mark where a client or
 node id goes).  One Redis (a primary with replicas) is assumed: the scripts touch keys of
@@ -16,13 +16,10 @@ different clients' or nodes' names, so they are not Redis Cluster safe.
 ``P{node}:inbox``               pubsub  takeover requests for sessions the node owns
 ``P{node}:wills``               set     client ids of the node's connections that have a will
 ``Pwill-nodes``                 set     node ids that have such connections
-``Pretained:{routing key}``     hash    topic -> 12-byte (offset, partition) + record value
-``Pretained:{routing key}:offsets``  hash  topic -> log offset of the retained record
-``Pretained-keys``              set     routing keys that have retained messages
 ==============================  ======  ======================================================
 
 Ownership: ``acquire`` is one Lua script: if a live connection on a live node owns the session
-it answers "busy" (the caller asks that node to let go, see ``frontend.takeover``); otherwise it
+it answers "busy" (the caller asks that node to let go, see ``frontend.cluster``); otherwise it
 increments the token, records the new owner and returns the stored state.  Every later write
 (save, release, QoS 2 marks) is a script that first compares the caller's token with the stored
 one, so a node that lost ownership can never write again.
@@ -35,26 +32,17 @@ the wills of nodes whose ``alive`` key has expired.  Both delete the will as the
 is published once, at most a few seconds after the crash.  A session taken by force (its node did
 not answer the takeover request) hands over its will the same way; the old node, when its next
 save is refused, closes that connection without publishing the will again.
-
-Retained messages: ``apply`` is a script that keeps, per topic, the record with the highest log
-offset (empty payloads stay as tombstones, so a late older write cannot resurrect a topic).  A
-filter whose routing levels are literal reads one hash; only wildcard routing levels read all.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import struct
 
 import redis.asyncio as aioredis
 
-from frontend import record
-from frontend.mqtt import topics
-from frontend.record import Message
-from frontend.session import StoredOutbound, StoredSession
-from frontend.stores import Acquired, Busy, Lease, Retained
-from router.partitioner import routing_key
+from frontend.mqtt.session import StoredOutbound, StoredSession
+from frontend.sessions.store import Acquired, Busy, Lease
 
 ALIVE_SECONDS = 5
 
@@ -143,19 +131,6 @@ return wills
 
 _MARK = _FENCE + "redis.call('SADD', KEYS[2], ARGV[2])\nreturn 1\n"
 _UNMARK = _FENCE + "redis.call('SREM', KEYS[2], ARGV[2])\nreturn 1\n"
-
-_APPLY_RETAINED = """
-local current = redis.call('HGET', KEYS[3], ARGV[1])
-if current and tonumber(current) >= tonumber(ARGV[3]) then
-  return 0
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
-redis.call('SADD', KEYS[2], ARGV[4])
-return 1
-"""
-
-_POSITION = struct.Struct(">qi")
 
 
 def _encode_inflight(items: list[StoredOutbound]) -> str:
@@ -269,43 +244,6 @@ class RedisSessionStore:
 
     async def unmark_received(self, lease: Lease, packet_id: int) -> None:
         await self._unmark(keys=self._keys(lease.client_id), args=[lease.token, packet_id])
-
-
-class RedisRetainedStore:
-    """Retained messages, one hash per routing key."""
-
-    def __init__(self, client: aioredis.Redis, routing_depth: int, prefix: str = "hw:") -> None:
-        self.redis = client
-        self.depth = routing_depth
-        self.prefix = prefix
-        self._apply = client.register_script(_APPLY_RETAINED)
-
-    def _hash(self, key: str) -> str:
-        return f"{self.prefix}retained:{key}"
-
-    async def apply(self, message: Message, partition: int, offset: int) -> None:
-        key = routing_key(message.topic, self.depth)
-        value = _POSITION.pack(offset, partition) + record.encode(message)
-        keys = [self._hash(key), f"{self.prefix}retained-keys", self._hash(key) + ":offsets"]
-        await self._apply(keys=keys, args=[message.topic, value, offset, key])
-
-    async def match(self, topic_filter: str) -> list[Retained]:
-        key = routing_key(topic_filter, self.depth)
-        if "+" in key or "#" in key:
-            members = await self.redis.smembers(f"{self.prefix}retained-keys")
-            hashes = [self._hash(_text(m)) for m in members]
-        else:
-            hashes = [self._hash(key)]
-        found: list[Retained] = []
-        for name in hashes:
-            for topic, value in (await self.redis.hgetall(name)).items():
-                if topics.matches(topic_filter, _text(topic)):
-                    raw = value if isinstance(value, bytes) else value.encode()
-                    offset, partition = _POSITION.unpack_from(raw)
-                    message = record.decode(raw[_POSITION.size :])
-                    if message.payload:
-                        found.append(Retained(message, partition, offset))
-        return found
 
 
 def _text(value: bytes | str) -> str:

@@ -10,19 +10,21 @@ refused, so a schema change can never be misread silently.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "mqtt_message.avsc"
-SCHEMA_JSON: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+from frontend.mqtt.message import Message, MessageStamps
+
+SCHEMA_TEXT: str = resources.files("schemas").joinpath("mqtt_message.avsc").read_text()
+"""The schema, read as package data: an installed (non-editable) package finds it too."""
+SCHEMA_JSON: dict[str, Any] = json.loads(SCHEMA_TEXT)
 _PARSED = fastavro.parse_schema(SCHEMA_JSON)
 FINGERPRINT: bytes = bytes.fromhex(fingerprint(to_parsing_canonical_form(_PARSED), "CRC-64-AVRO"))
 """The schema fingerprint, little-endian as single-object encoding puts it on the wire (fastavro's
@@ -34,36 +36,24 @@ HEADER: bytes = b"\xc3\x01" + FINGERPRINT
 HEADER_SIZE = len(HEADER)
 
 
-_ID_PREFIX = os.urandom(8)
-_ID_COUNTER = itertools.count()
-"""Message ids: 8 random bytes per process, then a counter; unique without a uuid4 per message."""
-
-
 class RecordError(ValueError):
     """A log record that is not a Headwater message of this schema."""
 
 
-@dataclass(slots=True)
-class Message:
-    """An application message as it travels through the log."""
+@dataclass(slots=True, frozen=True)
+class Record:
+    """A message read back from the log, with its place in it."""
 
-    topic: str
-    payload: bytes
-    qos: int
-    retain: bool
-    client_id: str
-    origin_node: str
-    timestamp_ms: int
-    message_id: bytes
+    partition: int
+    offset: int
+    size: int
+    message: Message
 
-    @classmethod
-    def create(
-        cls, topic: str, payload: bytes, qos: int, retain: bool, client_id: str, origin_node: str
-    ) -> Message:
-        """A new message received now, with a fresh id."""
-        message_id = _ID_PREFIX + next(_ID_COUNTER).to_bytes(8, "big")
-        now_ms = time.time_ns() // 1_000_000
-        return cls(topic, payload, qos, retain, client_id, origin_node, now_ms, message_id)
+
+def wall_clock_stamps(origin_node: str) -> MessageStamps:
+    """Stamps for messages received by this process: the wall clock in milliseconds (the record's
+    timestamp, what Spark windows on) and 8 random bytes of id prefix per process."""
+    return MessageStamps(origin_node, lambda: time.time_ns() // 1_000_000, os.urandom(8))
 
 
 def _varint(n: int) -> bytes:

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from frontend.mqtt.codec import PublishTemplate, encode
+from frontend.mqtt.message import Message
 from frontend.mqtt.packets import Pubrel
-from frontend.record import Message
 
 MAX_PACKET_ID = 65535
 
@@ -149,6 +149,16 @@ class Session:
                 return self._send_inflight(out)
         self._enqueue(out)
         return None
+
+    def has_room(self) -> bool:
+        """True while a message from the log can be taken without the bound dropping one."""
+        if self.queue:
+            return len(self.queue) < max(self.max_queued, 1)
+        return len(self.inflight) < self.max_inflight or self.max_queued > 0
+
+    def half_empty(self) -> bool:
+        """True once a full queue has drained to half: when a refused sender may come back."""
+        return len(self.queue) <= self.max_queued // 2
 
     def puback(self, packet_id: int) -> list[bytes]:
         """A PUBACK from the client completes a QoS 1 flow; frees a slot for queued messages."""

@@ -23,22 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_END,
-    OFFSET_INVALID,
-    Consumer,
-    KafkaException,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_END, OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 
-from frontend import record
-from frontend.log import LogSettings, Record, next_batch
 from frontend.mqtt import topics
+from router.record import Record
 
 log = logging.getLogger("headwater.shared")
 
@@ -47,6 +40,16 @@ COMMIT_INTERVAL = 0.5
 
 def group_id(group: str, topic_filter: str) -> str:
     return f"headwater.share.{group}.{topic_filter}"
+
+
+def consumer_config() -> dict[str, Any]:
+    """What a share group's consumer needs beyond the log's common consumer settings."""
+    return {
+        "auto.offset.reset": "latest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 1_000,
+    }
 
 
 class _Offsets:
@@ -98,11 +101,17 @@ class _Offsets:
 
 
 class ShareGroup:
-    """This node's part in one shared subscription: a group consumer and the local members."""
+    """This node's part in one shared subscription: a group consumer and the local members.
+
+    Served by the log's pump (:meth:`serve`, non-blocking) like the node's other consumers.  The
+    rebalance callbacks run inside that call and make the two short blocking calls Kafka's
+    group protocol asks for (read the committed offsets of partitions gained, commit those of
+    partitions lost): when a node joins or leaves the group, never per message."""
 
     def __init__(
         self,
-        settings: LogSettings,
+        consumer: Consumer,
+        topic: str,
         group: str,
         topic_filter: str,
         wanted: frozenset[int],
@@ -113,15 +122,12 @@ class ShareGroup:
         self.members: dict[str, int] = {}
         """client id -> granted QoS, in joining order (round-robin order)."""
         self._turn = 0
-        self._settings = settings
+        self._consumer = consumer
+        self._topic = topic
         self._wanted = wanted
         self._deliver = deliver
         self._offsets = _Offsets()
-        self._commands: queue.SimpleQueue[Callable[[Consumer], None]] = queue.SimpleQueue()
-        self._running = False
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._committer: asyncio.TimerHandle | None = None
+        self._next_commit = 0.0
         self.start_offsets: dict[int, int] = {}
         """High watermarks read when this node joined, for partitions never committed."""
         self.assigned: set[int] = set()
@@ -139,41 +145,19 @@ class ShareGroup:
 
     # -- life cycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        consumer = Consumer({
-            "bootstrap.servers": self._settings.bootstrap,
-            "group.id": group_id(self.group, self.filter),
-            "socket.nagle.disable": True,
-            "client.id": f"headwater-{self._settings.node_id}-share",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "latest",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "fetch.wait.max.ms": 100,
-            "session.timeout.ms": 10_000,
-            "heartbeat.interval.ms": 1_000,
-        })  # fmt: skip
-        consumer.subscribe(
-            [self._settings.topic], on_assign=self._on_assign, on_revoke=self._on_revoke
+    def start(self, start_offsets: dict[int, int]) -> None:
+        self.start_offsets = start_offsets
+        self._consumer.subscribe(
+            [self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke
         )
-        self._running = True
-        self._thread = threading.Thread(
-            target=self._consume, args=(consumer,), name="headwater-share", daemon=True
-        )
-        self._thread.start()
-        self._committer = self._loop.call_later(COMMIT_INTERVAL, self._commit_due)
+        self._next_commit = time.monotonic() + COMMIT_INTERVAL
 
     async def stop(self) -> None:
         """Leave the group (its partitions move to other member nodes)."""
-        if self._committer is not None:
-            self._committer.cancel()
-        self._commit_due(reschedule=False)
-        self._running = False
-        if self._thread is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
+        self._commit_now(self._consumer)
+        await asyncio.get_running_loop().run_in_executor(None, self._consumer.close)
 
-    # -- the consumer thread ------------------------------------------------------------------
+    # -- rebalances ---------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Take partitions at the group's committed offsets; where the group has none yet, at
@@ -197,73 +181,43 @@ class ShareGroup:
         self.assigned.difference_update(tp.partition for tp in partitions)
         self._offsets.forget([tp.partition for tp in partitions])
 
-    def _consume(self, consumer: Consumer) -> None:
-        assert self._loop is not None
+    # -- serving ------------------------------------------------------------------------------
+
+    def serve(self, decode: Callable[[list[Any]], list[Record]]) -> bool:
+        """Take what the consumer fetched (and run its rebalance callbacks); commit what is due."""
         try:
-            while self._running:
-                self._run_commands(consumer)
-                try:
-                    raw = next_batch(consumer, 500, 0.05)
-                except KafkaException as exc:
-                    log.warning("share group %s: %s", self.group, exc)
-                    continue
-                batch = self._decode(raw)
-                if batch:
-                    with contextlib.suppress(RuntimeError):
-                        self._loop.call_soon_threadsafe(self._dispatch, batch)
-            self._run_commands(consumer)
-        finally:
-            consumer.close()
-
-    def _decode(self, raw: list[Any]) -> list[Record]:
-        batch = []
-        for msg in raw:
-            if msg.error() is not None:
-                continue
-            value = msg.value()
-            try:
-                message = record.decode(value)
-            except record.RecordError:
-                continue
-            batch.append(Record(msg.partition(), msg.offset(), len(value), message))
-        return batch
-
-    def _run_commands(self, consumer: Consumer) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                command(consumer)
-            except KafkaException as exc:
-                log.warning("share group %s: commit failed: %s", self.group, exc)
-
-    def _commit_now(self, consumer: Consumer) -> None:
-        due = self._offsets.due()
-        if due:
-            topic = self._settings.topic
-            offsets = [TopicPartition(topic, p, o) for p, o in due.items()]
-            with contextlib.suppress(KafkaException):
-                consumer.commit(offsets=offsets, asynchronous=False)
-                self._offsets.committed(due)
-
-    # -- the event loop -----------------------------------------------------------------------
-
-    def _dispatch(self, batch: list[Record]) -> None:
-        for rec in batch:
+            raw = self._consumer.consume(500, 0)
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("share group %s: %s", self.group, exc)
+            return False
+        for rec in decode(raw):
             if topics.matches(self.filter, rec.message.topic):
                 self._offsets.start(rec.partition, rec.offset)
                 self._deliver(self, rec)
             else:
                 self._offsets.skip(rec.partition, rec.offset)
+        now = time.monotonic()
+        if now >= self._next_commit:
+            self._next_commit = now + COMMIT_INTERVAL
+            self._commit_due()
+        return bool(raw)
 
     def finished(self, rec: Record) -> None:
         """A member acknowledged ``rec`` (or it needed no acknowledgement)."""
         self._offsets.finish(rec.partition, rec.offset)
 
-    def _commit_due(self, reschedule: bool = True) -> None:
-        if self._offsets.due():
-            self._commands.put(self._commit_now)
-        if reschedule and self._loop is not None and self._running:
-            self._committer = self._loop.call_later(COMMIT_INTERVAL, self._commit_due)
+    def _commit_due(self) -> None:
+        due = self._offsets.due()
+        if due:
+            offsets = [TopicPartition(self._topic, p, o) for p, o in due.items()]
+            with contextlib.suppress(KafkaException):
+                self._consumer.commit(offsets=offsets, asynchronous=True)
+                self._offsets.committed(due)
+
+    def _commit_now(self, consumer: Consumer) -> None:
+        due = self._offsets.due()
+        if due:
+            offsets = [TopicPartition(self._topic, p, o) for p, o in due.items()]
+            with contextlib.suppress(KafkaException):
+                consumer.commit(offsets=offsets, asynchronous=False)
+                self._offsets.committed(due)

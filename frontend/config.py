@@ -1,0 +1,173 @@
+"""A node's configuration: ``NodeConfig``, and the command line and ``HEADWATER_*`` variables that
+fill it.
+
+Every setting is a flag with an environment variable beside it (``--max-inflight`` /
+``HEADWATER_MAX_INFLIGHT``).  A bad value stops start-up with one line naming both
+(:class:`ConfigError`); nothing here connects to anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+from frontend.mqtt.channel import Limits
+from router.topics import MAX_RECORD_BYTES
+
+DEFAULT_MAX_PACKET_SIZE = MAX_RECORD_BYTES - 128 * 1024
+"""Largest PUBLISH accepted: its record (payload, topic, client id, ~40 bytes of framing)
+must fit in what the log topic and the producer take (``router.topics.MAX_RECORD_BYTES``)."""
+
+
+class ConfigError(ValueError):
+    """A setting that stops start-up; the message names the flag and variable."""
+
+
+@dataclass(slots=True)
+class NodeConfig:
+    node_id: str
+    host: str
+    port: int
+    kafka_bootstrap: str
+    redis_url: str | None
+    topic: str
+    partitions: int
+    routing_depth: int = 2
+    max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
+    connect_timeout: float = 15.0
+    password_file: str | None = None
+    redis_prefix: str = "hw:"
+    stats_host: str | None = None
+    stats_port: int = 0
+    limits: Limits = field(default_factory=Limits)
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"HEADWATER_{name}", default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="headwater frontend", description="Run one front-end node.")
+    p.add_argument(
+        "--node-id", default=_env("NODE_ID"), help="unique node name [HEADWATER_NODE_ID]"
+    )
+    p.add_argument(
+        "--listen",
+        default=_env("LISTEN", "127.0.0.1:1883"),
+        help="host:port to serve MQTT on [HEADWATER_LISTEN]",
+    )
+    p.add_argument(
+        "--kafka-bootstrap",
+        default=_env("KAFKA_BOOTSTRAP"),
+        help="Kafka bootstrap servers [HEADWATER_KAFKA_BOOTSTRAP]",
+    )
+    p.add_argument(
+        "--redis-url",
+        default=_env("REDIS_URL"),
+        help="sessions and retained messages; in memory when unset "
+        "(one node only) [HEADWATER_REDIS_URL]",
+    )
+    p.add_argument(
+        "--redis-prefix",
+        default=_env("REDIS_PREFIX", "hw:"),
+        help="key prefix in Redis [HEADWATER_REDIS_PREFIX]",
+    )
+    p.add_argument(
+        "--topic",
+        default=_env("TOPIC", "headwater.messages"),
+        help="the log topic [HEADWATER_TOPIC]",
+    )
+    p.add_argument(
+        "--partitions",
+        default=_env("PARTITIONS", "12"),
+        help="partitions of the log topic [HEADWATER_PARTITIONS]",
+    )
+    p.add_argument(
+        "--routing-depth",
+        default=_env("ROUTING_DEPTH", "2"),
+        help="topic levels in the routing key [HEADWATER_ROUTING_DEPTH]",
+    )
+    p.add_argument(
+        "--max-packet-size",
+        default=_env("MAX_PACKET_SIZE", str(DEFAULT_MAX_PACKET_SIZE)),
+        help="largest accepted packet, bytes [HEADWATER_MAX_PACKET_SIZE]",
+    )
+    p.add_argument(
+        "--max-inflight",
+        default=_env("MAX_INFLIGHT", "32"),
+        help="outbound QoS 1/2 messages in flight per client [HEADWATER_MAX_INFLIGHT]",
+    )
+    p.add_argument(
+        "--max-queued",
+        default=_env("MAX_QUEUED", "1000"),
+        help="messages queued per client [HEADWATER_MAX_QUEUED]",
+    )
+    p.add_argument(
+        "--password-file",
+        default=_env("PASSWORD_FILE"),
+        help="user:sha256-hex lines; anonymous clients refused [HEADWATER_PASSWORD_FILE]",
+    )
+    p.add_argument(
+        "--stats-listen",
+        default=_env("STATS_LISTEN"),
+        help="host:port for GET /stats (JSON); off when unset [HEADWATER_STATS_LISTEN]",
+    )
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[HEADWATER_LOG_LEVEL]")
+    return p
+
+
+def _int_setting(value: str | None, flag: str, low: int, high: int) -> int:
+    env = "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+    try:
+        number = int(value or "")
+    except ValueError:
+        raise ConfigError(f"{flag} / {env}: {value!r} is not an integer") from None
+    if not low <= number <= high:
+        raise ConfigError(f"{flag} / {env}: {number} is outside {low}..{high}")
+    return number
+
+
+def _address(value: str, flag: str) -> tuple[str, str]:
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not host:
+        env = "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+        raise ConfigError(f"{flag} / {env}: {value!r} is not host:port")
+    return host, port
+
+
+def config_from_args(args: argparse.Namespace) -> NodeConfig:
+    if not args.node_id:
+        raise ConfigError("--node-id / HEADWATER_NODE_ID is required")
+    if not args.kafka_bootstrap:
+        raise ConfigError("--kafka-bootstrap / HEADWATER_KAFKA_BOOTSTRAP is required")
+    host, port = _address(args.listen, "--listen")
+    stats_host, stats_port = (
+        _address(args.stats_listen, "--stats-listen") if args.stats_listen else (None, "0")
+    )
+    if args.password_file and not os.path.isfile(args.password_file):
+        raise ConfigError(
+            f"--password-file / HEADWATER_PASSWORD_FILE: no file {args.password_file}"
+        )
+    limits = Limits(
+        max_inflight=_int_setting(args.max_inflight, "--max-inflight", 1, 65535),
+        max_queued=_int_setting(args.max_queued, "--max-queued", 0, 10_000_000),
+    )
+    return NodeConfig(
+        node_id=args.node_id,
+        host=host,
+        port=_int_setting(port, "--listen", 0, 65535),
+        stats_host=stats_host,
+        stats_port=_int_setting(stats_port, "--stats-listen", 0, 65535),
+        kafka_bootstrap=args.kafka_bootstrap,
+        redis_url=args.redis_url,
+        redis_prefix=args.redis_prefix,
+        topic=args.topic,
+        partitions=_int_setting(args.partitions, "--partitions", 1, 100_000),
+        routing_depth=_int_setting(args.routing_depth, "--routing-depth", 1, 64),
+        max_packet_size=_int_setting(
+            args.max_packet_size, "--max-packet-size", 2, DEFAULT_MAX_PACKET_SIZE
+        ),
+        password_file=args.password_file,
+        limits=limits,
+    )

@@ -1,0 +1,192 @@
+"""One Headwater front-end node: wiring only.  It builds the parts, starts and stops them.
+
+The parts, bottom up: the log (``router.log``: the producer and the one reader), the dispatcher
+(``router.dispatch``: who on this node receives what), the stores (sessions in
+``frontend.sessions``, retained messages in ``frontend.retained``: in memory for one node, in
+Redis for a cluster), the session manager (``frontend.sessions.manager``), the cluster
+coordinator (``frontend.cluster``: liveness, takeover inbox, will sweep), and the listening
+socket whose connections are :class:`frontend.connection.MqttConnection`.
+
+Start-up fails fast with one line naming what is at fault (a bad flag or ``HEADWATER_*``
+variable, an unreachable Kafka, a missing log topic).  Shutdown (SIGINT/SIGTERM) stops accepting,
+closes every client as a server-side close (so their wills are published [MQTT-3.1.2-8]), flushes
+the producer and stops the reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from frontend.auth import Authenticator, load_authenticator
+from frontend.cluster import Coordinator
+from frontend.config import ConfigError, NodeConfig, build_parser, config_from_args
+from frontend.connection import MqttConnection, Services
+from frontend.retained import MemoryRetainedStore, RedisRetainedStore, RetainedStore
+from frontend.sessions.manager import SessionManager
+from frontend.sessions.redis import RedisSessionStore
+from frontend.sessions.store import MemorySessionStore, SessionStore
+from frontend.stats import serve_stats, snapshot
+from router.dispatch import Dispatcher
+from router.log import KafkaLog, LogSettings
+from router.partitioner import Router
+from router.record import wall_clock_stamps
+
+log = logging.getLogger("headwater.node")
+
+
+class Node:
+    """A running front-end."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        sessions: SessionStore | None = None,
+        retained: RetainedStore | None = None,
+        auth: Authenticator | None = None,
+    ) -> None:
+        self.config = config
+        self.router = Router(config.partitions, config.routing_depth)
+        self.log = KafkaLog(
+            LogSettings(config.kafka_bootstrap, config.topic, config.node_id), self.router
+        )
+        self.dispatcher = Dispatcher(self.log, self.router)
+        self.log.reader.on_records = self.dispatcher.dispatch
+        stamps = wall_clock_stamps(config.node_id)
+        self.sessions = SessionManager(
+            stamps,
+            config.limits,
+            sessions or MemorySessionStore(),
+            retained or MemoryRetainedStore(),
+            self.dispatcher,
+            self.log,
+        )
+        self.services = Services(
+            stamps,
+            config.limits,
+            config.max_packet_size,
+            config.connect_timeout,
+            auth or load_authenticator(config.password_file),
+            self.log,
+            self.sessions.retained,
+            self.sessions,
+            self.dispatcher,
+        )
+        self._server: asyncio.Server | None = None
+        self._stats_server: asyncio.Server | None = None
+        self._redis: aioredis.Redis | None = None
+
+    @property
+    def connections(self) -> set[MqttConnection]:
+        return self.services.connections
+
+    async def start(self) -> None:
+        if self.config.redis_url:
+            await self._connect_redis(self.config.redis_url)
+        await self.log.start()
+        if self.sessions.coordinator is not None:
+            await self.sessions.coordinator.sweep_wills()
+        self.sessions.start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: MqttConnection(self.services),
+            self.config.host,
+            self.config.port,
+            reuse_address=True,
+        )
+        sock = self._server.sockets[0].getsockname()
+        self.config.port = sock[1]
+        if self.config.stats_host is not None:
+            self._stats_server = await serve_stats(
+                self.stats, self.config.stats_host, self.config.stats_port
+            )
+            self.config.stats_port = self._stats_server.sockets[0].getsockname()[1]
+        log.info("node %s serving MQTT on %s:%s", self.config.node_id, sock[0], sock[1])
+
+    async def _connect_redis(self, url: str) -> None:
+        client = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            await client.ping()
+        except (RedisError, OSError) as exc:
+            raise ConnectionError(f"Redis at {url} is unreachable: {exc}") from exc
+        prefix = self.config.redis_prefix
+        store = RedisSessionStore(client, prefix)
+        sessions = self.sessions
+        sessions.store = store
+        sessions.retained = self.services.retained = RedisRetainedStore(
+            client, self.config.routing_depth, prefix
+        )
+        sessions.coordinator = Coordinator(
+            store, self.config.node_id, self.dispatcher.take_over, sessions.publish_orphaned_wills
+        )
+        await sessions.coordinator.start()
+        self._redis = client
+
+    def stats(self) -> dict[str, Any]:
+        return snapshot(self.config.node_id, self.router, self.log, self.dispatcher, self.services)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._stats_server is not None:
+            self._stats_server.close()
+        for connection in list(self.connections):
+            connection.shutdown()
+        for _ in range(100):  # until every connection has stored its session and gone
+            if not self.connections:
+                break
+            await asyncio.sleep(0.01)
+        await self.sessions.stop()
+        await self.log.stop()
+        if self.sessions.coordinator is not None:
+            await self.sessions.coordinator.stop()
+        if self._redis is not None:
+            await self._redis.aclose()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+async def serve(config: NodeConfig) -> None:
+    node = Node(config)
+    await node.start()
+    stats = f", stats on {config.stats_host}:{config.stats_port}" if config.stats_host else ""
+    print(
+        f"headwater node {config.node_id} ready on {config.host}:{config.port}{stats}", flush=True
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("node %s shutting down", config.node_id)
+    await node.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=str(args.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"headwater frontend: {exc}", file=sys.stderr)
+        return 2
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    try:
+        asyncio.run(serve(config))
+    except (ConnectionError, ValueError, OSError) as exc:
+        print(f"headwater frontend: {exc}", file=sys.stderr)
+        return 1
+    return 0

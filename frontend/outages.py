@@ -1,0 +1,88 @@
+"""What a client sees when Kafka or Redis fails: the one mapping from an outage to the wire.
+
+An outage is not a protocol error: the client did nothing wrong, so it gets what lets it retry
+safely, and nothing is acknowledged that is not durably written.
+
+=====================  ==========================================  =================================
+when                   what failed                                 what the client sees
+=====================  ==========================================  =================================
+CONNECT                Kafka marked unavailable; Redis error       CONNACK 3, then close
+                       acquiring the session or keeping the will
+PUBLISH QoS 1/2        Kafka refused or lost the record            no PUBACK/PUBREC; close (the
+                                                                   client resends on reconnect)
+PUBLISH retained,      Redis error storing the retained message    no PUBACK/PUBREC; close
+QoS 2 persistent       or the QoS 2 packet id after the write
+SUBSCRIBE              Kafka cannot say where partitions end       SUBACK 0x80 for every filter
+session save, release  Redis error                                 nothing; logged, the next save
+                                                                   retries
+=====================  ==========================================  =================================
+"""
+
+from __future__ import annotations
+
+import logging
+
+from confluent_kafka import KafkaException
+from redis.exceptions import RedisError
+
+from frontend.mqtt import channel as ch
+from frontend.mqtt.packets import ConnackCode
+
+log = logging.getLogger("headwater.outages")
+
+STORE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
+"""What the session and retained stores raise when Redis is unreachable or failing."""
+LOG_ERRORS: tuple[type[Exception], ...] = (KafkaException,)
+"""What the log raises when Kafka refuses a request."""
+OUTAGES = STORE_ERRORS + LOG_ERRORS
+
+
+def kafka_unavailable_at_connect(channel: ch.Channel) -> list[ch.Action]:
+    return channel.session_refused(ConnackCode.SERVER_UNAVAILABLE, "Kafka is unavailable")
+
+
+def store_failed_at_connect(channel: ch.Channel, exc: Exception) -> list[ch.Action]:
+    reason = f"the session store is unavailable: {exc}"
+    return channel.session_refused(ConnackCode.SERVER_UNAVAILABLE, reason)
+
+
+def publish_refused(channel: ch.Channel, topic: str, exc: Exception) -> list[ch.Action]:
+    """Kafka refused the record outright (e.g. larger than the topic takes): never durable."""
+    log.error(
+        "client %s: publish to %r refused by Kafka (%s); closing without acknowledging",
+        channel.client_id, topic, exc,
+    )  # fmt: skip
+    return channel.connection_lost("Kafka refused the message")
+
+
+def publish_lost(
+    channel: ch.Channel, topic: str, error: str, acknowledged: bool
+) -> list[ch.Action]:
+    """Kafka reported the write failed.  A QoS 0 message has no acknowledgement to withhold:
+    the connection stays; a QoS 1/2 one closes it, unacknowledged."""
+    log.error(
+        "client %s: publish to %r not written to Kafka (%s); no acknowledgement sent%s",
+        channel.client_id, topic, error, ", closing the connection" if acknowledged else "",
+    )  # fmt: skip
+    return channel.connection_lost("Kafka write failed") if acknowledged else []
+
+
+def publish_not_stored(channel: ch.Channel, topic: str, exc: Exception) -> list[ch.Action]:
+    """Written to the log, but what must be stored before the acknowledgement was not."""
+    log.error(
+        "client %s: %s not stored (%s); closing without acknowledging",
+        channel.client_id, topic, exc,
+    )  # fmt: skip
+    return channel.connection_lost("session store unavailable")
+
+
+def subscribe_failed(
+    channel: ch.Channel, request: ch.AddSubscriptions, exc: Exception
+) -> list[ch.Action]:
+    log.warning("client %s: subscribe failed: %s", channel.client_id, exc)
+    return channel.subscribed(request, failed=True)
+
+
+def background_failed(client_id: str, what: str, exc: BaseException) -> None:
+    """Work with no reply on the wire (a session save, a QoS 2 unmark): logged only."""
+    log.warning("client %s: %s failed: %r", client_id or "-", what, exc)

@@ -1,0 +1,151 @@
+"""One connection's PUBLISH packets on their way to the log, and their acknowledgements.
+
+The channel decides (``Produce``); this carries it out: the record goes to the producer, and the
+PUBACK/PUBREC is released only once Kafka reports the write durable and, for a retained message
+or a persistent session's QoS 2 packet id, once that is stored too.  The channel then sends the
+replies in arrival order [MQTT-4.6.0-2].
+
+A full producer queue holds this connection's later PUBLISHes back, in order, until the log is
+writable again (the connection stops reading meanwhile).  A message of this client's own that
+comes back from the log before its acknowledgement went out waits, so the PUBACK goes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from frontend import outages
+from frontend.mqtt import channel as ch
+from frontend.mqtt.message import Message
+from frontend.mqtt.session import Outbound
+from frontend.retained import RetainedStore
+from frontend.sessions.manager import Owned, SessionManager
+
+log = logging.getLogger("headwater.publishing")
+
+DeliveryCallback = Callable[[int, int, str | None], None]
+
+
+class Log(Protocol):
+    """The log, as a connection writes to it."""
+
+    available: bool
+
+    def produce(self, message: Message, on_delivery: DeliveryCallback | None) -> bool: ...
+
+    def when_writable(self, callback: Callable[[], None]) -> None: ...
+
+
+class Publishing:
+    """The PUBLISHes of one connection between the channel and the log."""
+
+    def __init__(
+        self,
+        channel: ch.Channel,
+        log_: Log,
+        retained: RetainedStore,
+        sessions: SessionManager,
+        run: Callable[[list[ch.Action]], None],
+        deliver: Callable[[Outbound], None],
+    ) -> None:
+        self.channel = channel
+        self.log = log_
+        self.retained = retained
+        self.sessions = sessions
+        self.owned: Owned | None = None
+        self._run = run
+        self._deliver = deliver
+        self.blocked: deque[ch.Produce] = deque()
+        self._qos2_ids: dict[int, int] = {}
+        self._own_deferred: list[Outbound] = []
+        self.on_unblocked: Callable[[], None] = lambda: None
+
+    def produce(self, action: ch.Produce) -> None:
+        if self.blocked:
+            self.blocked.append(action)
+            return
+        message = action.message
+        callback = None
+        if action.packet_id is not None and action.ticket is not None:
+            self._qos2_ids[action.ticket] = action.packet_id
+        if action.ticket is not None or message.retain:
+            ticket = action.ticket
+
+            def callback(partition: int, offset: int, error: str | None) -> None:
+                self._durable(ticket, message, partition, offset, error)
+
+        try:
+            written = self.log.produce(message, callback)
+        except outages.LOG_ERRORS as exc:
+            self._run(outages.publish_refused(self.channel, message.topic, exc))
+            return
+        if not written:
+            self.blocked.append(action)
+            self.log.when_writable(self._retry)
+
+    def _retry(self) -> None:
+        blocked, self.blocked = self.blocked, deque()
+        while blocked and not self.blocked:
+            self.produce(blocked.popleft())
+        self.blocked.extend(blocked)
+        self.on_unblocked()
+
+    def defer_own(self, out: Outbound) -> bool:
+        """Hold back a message of this client's own still awaiting its acknowledgement."""
+        if out.message.client_id == self.channel.client_id and self.channel.awaiting_log(
+            out.message.message_id
+        ):
+            self._own_deferred.append(out)
+            return True
+        return False
+
+    def _durable(
+        self, ticket: int | None, message: Message, partition: int, offset: int, error: str | None
+    ) -> None:
+        if error is not None:
+            self._run(outages.publish_lost(self.channel, message.topic, error, ticket is not None))
+            return
+        persistent = self.owned is not None and self.owned.persistent
+        if message.retain or (message.qos == 2 and persistent):
+            self._background(self._store_then_acknowledge(ticket, message, partition, offset))
+        elif ticket is not None:
+            self._acknowledge(ticket)
+
+    async def _store_then_acknowledge(
+        self, ticket: int | None, message: Message, partition: int, offset: int
+    ) -> None:
+        """What must be stored before the PUBACK/PUBREC: the retained message, and for a
+        persistent session the QoS 2 packet id awaiting PUBREL (so a move cannot repeat it)."""
+        try:
+            if message.retain:
+                await self.retained.apply(message, partition, offset)
+            packet_id = self._qos2_ids.pop(ticket, None) if ticket is not None else None
+            if packet_id is not None and self.owned is not None:
+                await self.sessions.mark_received(self.owned, packet_id)
+        except outages.STORE_ERRORS as exc:
+            self._run(outages.publish_not_stored(self.channel, message.topic, exc))
+            return
+        if ticket is not None:
+            self._acknowledge(ticket)
+
+    def _acknowledge(self, ticket: int) -> None:
+        self._qos2_ids.pop(ticket, None)
+        self._run(self.channel.produced(ticket))
+        if self._own_deferred:
+            deferred, self._own_deferred = self._own_deferred, []
+            for out in deferred:
+                self._deliver(out)
+        self.on_unblocked()
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        task.add_done_callback(_log_failure)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background work failed: %r", task.exception())

@@ -1,0 +1,188 @@
+"""Catch-up: the ranges of the log that returning sessions missed, read by one shared consumer.
+
+Each returning session asks for ``[start, end)`` of some partitions (its stored position up to
+where its live stream begins) and gets a :class:`Cursor`: per partition, the next offset it
+needs.  The consumer reads each partition from the lowest cursor of the sessions that can take
+more, and every record goes to each cursor whose range holds it.
+
+A session whose queue is full answers "no room" (``take`` returns False): its cursor stays where
+it is and it is left out until it has room again; then the partition is read again from its
+cursor.  The log is the queue: a catching-up session never loses a message to its queue bound,
+and a slow one does not hold the fast ones back.
+
+Invariants: a cursor's offsets only grow; a record is handed to a cursor at most once (only at or
+after its position, which then moves past it); a partition is assigned exactly while some cursor
+that can take more needs it, at the lowest such cursor's position or below.  Re-assigning a
+partition bumps librdkafka's fetch version, so records fetched before are never handed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from router.record import Record
+
+log = logging.getLogger("headwater.catchup")
+
+STALL_SECONDS = 30.0
+"""A cursor that could take records but got none for this long fails (its range is unreadable)."""
+
+CHECK_INTERVAL = 0.005
+"""Seconds between two looks at whether waiting cursors have room again."""
+
+Take = Callable[[Record], bool]
+"""Hands one record to a session; False: no room now, offer it again later."""
+
+
+class Cursor:
+    """One session's place in the ranges it catches up on."""
+
+    __slots__ = ("done", "end", "next", "progress", "room", "take", "waiting")
+
+    def __init__(
+        self, ranges: dict[int, tuple[int, int]], take: Take, room: Callable[[], bool]
+    ) -> None:
+        self.next = {p: start for p, (start, end) in ranges.items() if start < end}
+        self.end = {p: end for p, (start, end) in ranges.items() if start < end}
+        self.take = take
+        self.room = room
+        self.waiting = False
+        self.progress = time.monotonic()
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def offer(self, rec: Record) -> bool:
+        """Hand ``rec`` over if this cursor needs it; False once it has no room."""
+        position = self.next.get(rec.partition)
+        if position is None or rec.offset < position:
+            return True
+        if not self.take(rec):
+            return False
+        self.progress = time.monotonic()
+        if rec.offset + 1 >= self.end[rec.partition]:
+            del self.next[rec.partition]
+        else:
+            self.next[rec.partition] = rec.offset + 1
+        return True
+
+
+class CatchUp:
+    """The catch-up consumer and the cursors it serves."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        topic: str,
+        batch: int,
+        decode: Callable[[list[Any]], list[Record]],
+    ) -> None:
+        self.consumer = consumer
+        self.topic = topic
+        self.batch = batch
+        self._decode = decode
+        self.cursors: set[Cursor] = set()
+        self._reading: dict[int, int] = {}
+        """Assigned partitions: the offset the consumer returns next for each."""
+        self._changed = False
+        self._checked = 0.0
+
+    async def read(
+        self, ranges: dict[int, tuple[int, int]], take: Take, room: Callable[[], bool]
+    ) -> None:
+        """Hand ``take`` every record in ``[start, end)`` of each partition, in log order per
+        partition, and return once all are handed over.  After ``take`` refused one, records
+        are offered again from there once ``room()`` is true."""
+        cursor = Cursor(ranges, take, room)
+        if not cursor.next:
+            return
+        self.cursors.add(cursor)
+        self._changed = True
+        try:
+            await cursor.done
+        finally:
+            self.cursors.discard(cursor)
+            self._changed = True
+
+    def serve(self) -> bool:
+        """Wake cursors that have room again, read what is fetched, re-aim the consumer."""
+        if not self.cursors and not self._reading:
+            return False
+        self._check_cursors()
+        if self._changed:
+            self._aim()
+        if not self._reading:
+            return False
+        try:
+            raw = self.consumer.consume(self.batch, 0)
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("catch-up consume failed: %s", exc)
+            return False
+        for rec in self._decode(raw):
+            self._hand(rec)
+        return bool(raw)
+
+    def _hand(self, rec: Record) -> None:
+        self._reading[rec.partition] = rec.offset + 1
+        for cursor in self.cursors:
+            if cursor.waiting or rec.partition not in cursor.next:
+                continue
+            if not cursor.offer(rec):
+                cursor.waiting = True
+                self._changed = True
+            elif not cursor.next:
+                self._finish(cursor)
+            elif rec.partition not in cursor.next:
+                self._changed = True
+
+    def _finish(self, cursor: Cursor, error: BaseException | None = None) -> None:
+        if not cursor.done.done():
+            if error is None:
+                cursor.done.set_result(None)
+            else:
+                cursor.done.set_exception(error)
+        self._changed = True
+
+    def _check_cursors(self) -> None:
+        """Wake waiting cursors that have room; fail those stalled for ``STALL_SECONDS``.  At most
+        every ``CHECK_INTERVAL``: the pump may come back many times a millisecond."""
+        now = time.monotonic()
+        if now - self._checked < CHECK_INTERVAL:
+            return
+        self._checked = now
+        for cursor in self.cursors:
+            if cursor.done.done():
+                continue
+            if cursor.waiting:
+                if cursor.room():
+                    cursor.waiting = False
+                    cursor.progress = now
+                    self._changed = True
+            elif now - cursor.progress > STALL_SECONDS:
+                stalled = sorted(cursor.next)
+                self._finish(cursor, TimeoutError(f"catch-up made no progress on {stalled}"))
+
+    def _aim(self) -> None:
+        """Assign each needed partition at its lowest cursor; release the rest."""
+        self._changed = False
+        wanted: dict[int, int] = {}
+        for cursor in self.cursors:
+            if cursor.waiting or cursor.done.done():
+                continue
+            for partition, position in cursor.next.items():
+                wanted[partition] = min(position, wanted.get(partition, position))
+        stale = [p for p, at in self._reading.items() if p not in wanted or wanted[p] < at]
+        if stale:
+            self.consumer.incremental_unassign([TopicPartition(self.topic, p) for p in stale])
+            for partition in stale:
+                del self._reading[partition]
+        fresh = {p: at for p, at in wanted.items() if p not in self._reading}
+        if fresh:
+            self.consumer.incremental_assign(
+                [TopicPartition(self.topic, p, at) for p, at in fresh.items()]
+            )
+            self._reading.update(fresh)

@@ -1,0 +1,320 @@
+"""Who on this node receives a message, and at what QoS: one rule for every path.
+
+A message reaches a client from four places, and each goes through :meth:`Dispatcher._deliver`
+with the QoS of :func:`delivery_qos`:
+
+* **live**: a record the reader fetched, to every local client with a matching subscription
+  that has started (``router.subscriptions``);
+* **catch-up**: the records a returning persistent session missed, from its stored positions to
+  where its live stream begins, QoS 1/2 only (QoS 0 is not kept for a client that was away);
+  they are taken only while the session's queue has room, so the bound never drops one;
+* **retained**: after a SUBACK, the retained messages its filters match [MQTT-3.3.1-6], RETAIN=1;
+* **shared**: a record of a share group this node holds the partition of, to one member.
+
+Each record reaches a client once, at the highest QoS its matching subscriptions granted, capped
+by the message's own [MQTT-3.3.5-1].  The PUBLISH bytes are encoded once per record and QoS and
+shared by every subscriber.  Every message a session's bound drops is counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from frontend.mqtt import topics
+from frontend.mqtt.codec import PublishTemplate
+from frontend.mqtt.message import Message
+from frontend.mqtt.session import Outbound, Session
+from router.log import KafkaLog
+from router.partitioner import Router
+from router.record import Record
+from router.shared import ShareGroup, consumer_config, group_id
+from router.subscriptions import Subscriptions
+
+log = logging.getLogger("headwater.dispatch")
+
+
+def delivery_qos(granted: Iterable[int], message_qos: int) -> int | None:
+    """The QoS a client gets a message at: the highest its matching subscriptions granted,
+    capped by the message's [MQTT-3.3.5-1]; None if no subscription matches."""
+    best = max(granted, default=None)
+    return None if best is None else min(best, message_qos)
+
+
+class Subscriber(Protocol):
+    """A connected client, as the dispatcher sees it."""
+
+    def deliver(self, out: Outbound) -> None:
+        """Send (or queue) one message for the client."""
+
+    def takeover(self) -> None:
+        """Another connection is taking this client id: close, publishing the will."""
+
+
+@dataclass(slots=True)
+class Counters:
+    records_dispatched: int = 0
+    messages_delivered: int = 0
+    messages_dropped: int = 0
+    messages_replayed: int = 0
+    retention_lost: int = 0
+
+
+@dataclass(slots=True)
+class _Client:
+    session: Session
+    subscriber: Subscriber
+
+
+class _Templates:
+    """The PUBLISH of one message at each QoS, encoded once."""
+
+    __slots__ = ("_by_qos", "message")
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+        self._by_qos: dict[int, PublishTemplate] = {}
+
+    def at(self, qos: int) -> PublishTemplate:
+        template = self._by_qos.get(qos)
+        if template is None:
+            message = self.message
+            template = self._by_qos[qos] = PublishTemplate(message.topic, message.payload, qos)
+        return template
+
+
+class Dispatcher:
+    """Node-local delivery: the connected clients and what each receives."""
+
+    def __init__(self, log_: KafkaLog, router: Router) -> None:
+        self.log = log_
+        self.subscriptions = Subscriptions(log_, router)
+        self.router = router
+        self.counters = Counters()
+        self._clients: dict[str, _Client] = {}
+        self._shares: dict[tuple[str, str], ShareGroup] = {}
+
+    # -- clients ------------------------------------------------------------------------------
+
+    def take_over(self, client_id: str) -> None:
+        """Close the live connection of ``client_id``, if any [MQTT-3.1.4-2]: its will is
+        published and, as it closes, its session is stored for the new connection."""
+        current = self._clients.get(client_id)
+        if current is not None:
+            current.subscriber.takeover()
+
+    def attach(self, session: Session, subscriber: Subscriber) -> None:
+        """``subscriber`` is now the live connection of ``session``."""
+        current = self._clients.get(session.client_id)
+        if current is not None:
+            self._forget(current)
+        self._clients[session.client_id] = _Client(session, subscriber)
+
+    def detach(self, session: Session, subscriber: Subscriber) -> None:
+        """The connection closed: this node forgets the session (the store keeps what lasts)."""
+        client = self._clients.get(session.client_id)
+        if client is not None and client.subscriber is subscriber:
+            del self._clients[session.client_id]
+            self._forget(client)
+
+    def _forget(self, client: _Client) -> None:
+        session = client.session
+        plain = [f for f in session.subscriptions if topics.parse_shared(f) is None]
+        self.subscriptions.forget(session.client_id, plain)
+        for topic_filter in session.subscriptions:
+            shared = topics.parse_shared(topic_filter)
+            if shared is not None:
+                self._leave_share(shared, session.client_id)
+        for out in session.unfinished():  # unacknowledged shared messages go to another member
+            if out.redeliver is not None:
+                out.redeliver()
+
+    @property
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    # -- subscriptions ------------------------------------------------------------------------
+
+    async def subscribe(
+        self, session: Session, requests: list[tuple[str, int]]
+    ) -> tuple[dict[int, int], list[str]]:
+        """Register ``requests``: their start offsets and the new plain filters, which stay
+        pending until :meth:`activate`."""
+        plain: list[tuple[str, int]] = []
+        for topic_filter, qos in requests:
+            shared = topics.parse_shared(topic_filter)
+            if shared is None:
+                plain.append((topic_filter, qos))
+            else:
+                session.subscriptions[topic_filter] = qos
+                await self._join_share(shared, session.client_id, qos)
+        return await self.subscriptions.add(session, plain)
+
+    def activate(self, session: Session, filters: Iterable[str]) -> None:
+        """Deliver what was buffered while ``filters`` were pending; live from now on."""
+        if session.client_id in self._clients:
+            for rec in self.subscriptions.activate(session.client_id, filters):
+                self._dispatch_one(rec)
+
+    def unsubscribe(self, session: Session, filters: Iterable[str]) -> None:
+        for topic_filter in filters:
+            shared = topics.parse_shared(topic_filter)
+            if shared is not None and session.subscriptions.pop(topic_filter, None) is not None:
+                self._leave_share(shared, session.client_id)
+        self.subscriptions.remove(session, filters)
+
+    # -- live ---------------------------------------------------------------------------------
+
+    def dispatch(self, batch: list[Record]) -> None:
+        """Deliver a batch the live reader fetched (called in the event loop)."""
+        dispatched = self.subscriptions.dispatched
+        for rec in batch:
+            self._dispatch_one(rec)
+            dispatched[rec.partition] = rec.offset + 1
+        self.counters.records_dispatched += len(batch)
+
+    def _dispatch_one(self, rec: Record) -> None:
+        targets = self.subscriptions.match(rec)
+        if not targets:
+            return
+        templates = _Templates(rec.message)
+        for client_id, granted in targets.items():
+            client = self._clients.get(client_id)
+            qos = delivery_qos(granted, rec.message.qos)
+            if client is not None and qos is not None:
+                template = templates.at(qos)
+                out = Outbound(
+                    rec.message, qos, False, template, 0, False, rec.partition, rec.offset
+                )
+                self._deliver(client, out)
+
+    def _deliver(self, client: _Client, out: Outbound) -> None:
+        self.counters.messages_delivered += 1
+        session = client.session
+        dropped = session.dropped
+        client.subscriber.deliver(out)
+        self.counters.messages_dropped += session.dropped - dropped
+
+    # -- retained -----------------------------------------------------------------------------
+
+    def deliver_retained(
+        self,
+        session: Session,
+        found: dict[str, list[Record]],
+        new: Iterable[str],
+        starts: dict[int, int],
+    ) -> None:
+        """After a SUBACK: the retained messages ``found`` per granted filter, each once at the
+        highest QoS that matched it, in log order, RETAIN=1 [MQTT-3.3.1-8].  For a new
+        subscription only those before its start offsets: later ones arrive live."""
+        client = self._clients.get(session.client_id)
+        if client is None:
+            return
+        fresh = set(new)
+        granted: dict[str, list[int]] = {}
+        records: dict[str, Record] = {}
+        for topic_filter, matched in found.items():
+            for rec in matched:
+                if topic_filter in fresh and rec.offset >= starts.get(rec.partition, 0):
+                    continue
+                granted.setdefault(rec.message.topic, []).append(
+                    session.subscriptions.get(topic_filter, 0)
+                )
+                records[rec.message.topic] = rec
+        for rec in sorted(records.values(), key=lambda r: (r.partition, r.offset)):
+            qos = delivery_qos(granted[rec.message.topic], rec.message.qos)
+            assert qos is not None
+            self._deliver(client, Outbound(rec.message, qos, True, _Templates(rec.message).at(qos)))
+
+    # -- catch-up -----------------------------------------------------------------------------
+
+    async def replay(
+        self, session: Session, positions: dict[int, int], starts: dict[int, int]
+    ) -> int:
+        """Deliver what ``session`` missed: the QoS 1/2 records matching its plain
+        subscriptions from ``positions`` up to ``starts`` (where its live stream begins), while
+        its queue has room.  Returns the number delivered."""
+        ranges = {p: (positions.get(p, end), end) for p, end in starts.items()}
+        await self._skip_expired(session.client_id, ranges)
+        filters = {f: q for f, q in session.subscriptions.items() if not topics.parse_shared(f)}
+        resent = {(o.partition, o.offset) for o in session.inflight.values()}
+        delivered = 0
+
+        def take(rec: Record) -> bool:
+            nonlocal delivered
+            client = self._clients.get(session.client_id)
+            if client is None or client.session is not session:
+                return True  # gone: the rest is read and ignored, the stored positions stay
+            if (rec.partition, rec.offset) in resent:
+                return True
+            granted = [q for f, q in filters.items() if topics.matches(f, rec.message.topic)]
+            qos = delivery_qos(granted, rec.message.qos)
+            if not qos:
+                return True  # QoS 0 is not kept for a client that was away
+            if not session.has_room():
+                return False
+            template = _Templates(rec.message).at(qos)
+            out = Outbound(rec.message, qos, False, template, 0, False, rec.partition, rec.offset)
+            self._deliver(client, out)
+            delivered += 1
+            return True
+
+        await self.log.reader.replay(ranges, take, session.half_empty)
+        self.counters.messages_replayed += delivered
+        return delivered
+
+    async def _skip_expired(self, client_id: str, ranges: dict[int, tuple[int, int]]) -> None:
+        """Records retention already removed cannot be replayed: count them and go on."""
+        wanted = [p for p, (start, end) in ranges.items() if start < end]
+        for partition, low in (await self.log.low_watermarks(wanted)).items():
+            start, end = ranges[partition]
+            if start < low:
+                lost = min(low, end) - start
+                self.counters.retention_lost += lost
+                log.warning(
+                    "session %s: %d records of partition %d were removed by retention "
+                    "before it came back; continuing without them",
+                    client_id, lost, partition,
+                )  # fmt: skip
+                ranges[partition] = (min(low, end), end)
+
+    # -- shared subscriptions -----------------------------------------------------------------
+
+    async def _join_share(self, shared: tuple[str, str], client_id: str, qos: int) -> None:
+        group = self._shares.get(shared)
+        if group is None:
+            wanted = self.router.partitions_for_filter(shared[1])
+            consumer = self.log.consumer(group_id(*shared), **consumer_config())
+            group = ShareGroup(consumer, self.log.settings.topic, *shared, wanted, self._share)
+            self._shares[shared] = group
+            group.start(await self.log.high_watermarks(wanted))
+            self.log.reader.join(group)
+        group.members[client_id] = qos
+
+    def _leave_share(self, shared: tuple[str, str], client_id: str) -> None:
+        group = self._shares.get(shared)
+        if group is None or group.members.pop(client_id, None) is None:
+            return
+        if not group.members:
+            del self._shares[shared]
+            self.log.reader.forget(group)
+
+    def _share(self, group: ShareGroup, rec: Record, skip: str | None = None) -> None:
+        member = group.next_member(skip)
+        client = self._clients.get(member) if member is not None else None
+        if member is None or client is None:
+            return  # nobody left here: stays uncommitted for the partition's next owner
+        qos = delivery_qos([group.members[member]], rec.message.qos)
+        assert qos is not None
+        out = Outbound(rec.message, qos, False, _Templates(rec.message).at(qos))
+        out.on_done = lambda: group.finished(rec)
+        out.redeliver = lambda: self._share(group, rec, skip=member)
+        self._deliver(client, out)
+
+    def share_group(self, group: str, topic_filter: str) -> ShareGroup | None:
+        return self._shares.get((group, topic_filter))
+
+    def share_names(self) -> list[str]:
+        return [f"$share/{g}/{f}" for g, f in self._shares]

@@ -1,0 +1,185 @@
+"""The node's one reader of the log: live partitions, catch-up ranges and share groups.
+
+Everything is served by the log's pump on the event loop with non-blocking calls: no thread and
+no consumer per client, per session or per replay.  The consumers:
+
+* **live** (manual assignment, no group): every partition some local subscription needs, from
+  where that subscription started onwards; each record read goes to the dispatcher once, however
+  many local subscribers it has;
+* **catch-up** (manual assignment, no group): the ranges returning sessions missed, ``[stored
+  position, live start)`` per partition.  All sessions catching up share it: per partition it
+  reads from the lowest cursor among them, and each record goes to every session whose range
+  holds it (:class:`router.catchup.CatchUp`);
+* one per **share group** with members on this node (a Kafka group is a consumer's property):
+  :class:`router.shared.ShareGroup`.
+
+So the number of consumers is two plus the number of share groups, independent of clients and
+sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from router import record
+from router.catchup import CatchUp, Take
+from router.record import Record
+from router.shared import ShareGroup
+
+log = logging.getLogger("headwater.log")
+
+
+def decode_batch(raw: list[Any], on_bad: Callable[[Any, Exception], None]) -> list[Record]:
+    """The records of a fetched batch; fetch errors and undecodable values go to ``on_bad``."""
+    batch: list[Record] = []
+    for msg in raw:
+        error = msg.error()
+        if error is not None:
+            on_bad(msg, KafkaException(error))
+            continue
+        value = msg.value()
+        try:
+            message = record.decode(value)
+        except record.RecordError as exc:
+            on_bad(msg, exc)
+            continue
+        batch.append(Record(msg.partition(), msg.offset(), len(value), message))
+    return batch
+
+
+class LogReader:
+    """The live consumer, the catch-up consumer and the share groups' consumers of one node."""
+
+    def __init__(self, topic: str, fetch_batch: int) -> None:
+        self.topic = topic
+        self.fetch_batch = fetch_batch
+        self.fetched_records = 0
+        self.fetched_bytes = 0
+        self.undecodable = 0
+        self.on_records: Callable[[list[Record]], None] = lambda batch: None
+        """Where the live records go: the node hands them to its dispatcher."""
+        self._live: Consumer | None = None
+        self._assigned: dict[int, bool] = {}
+        self.catch_up: CatchUp | None = None
+        self.shares: list[ShareGroup] = []
+        self._leaving: set[asyncio.Task[None]] = set()
+
+    def start(self, live: Consumer, catch_up: Consumer) -> None:
+        self._live = live
+        self.catch_up = CatchUp(catch_up, self.topic, self.fetch_batch, self._decode)
+
+    async def stop(self) -> None:
+        for group in list(self.shares):
+            self.forget(group)
+        if self._leaving:
+            await asyncio.gather(*self._leaving, return_exceptions=True)
+        for consumer in (self._live, self.catch_up.consumer if self.catch_up else None):
+            if consumer is not None:
+                consumer.close()
+        self._live = None
+        self.catch_up = None
+
+    def serve(self) -> bool:
+        """One non-blocking look at every consumer; True if any had something."""
+        busy = self._serve_live()
+        if self.catch_up is not None:
+            busy |= self.catch_up.serve()
+        for group in self.shares:
+            busy |= group.serve(self._decode)
+        return busy
+
+    # -- live partitions ----------------------------------------------------------------------
+
+    def assign(self, offsets: dict[int, int]) -> None:
+        """Start reading these partitions live at these offsets."""
+        new = [TopicPartition(self.topic, p, o) for p, o in offsets.items()]
+        if new and self._live is not None:  # after stop() there is nothing to read any more
+            self._assigned.update(dict.fromkeys(offsets, True))
+            self._live.incremental_assign(new)
+
+    def unassign(self, partitions: Iterable[int]) -> None:
+        """Stop reading these partitions live."""
+        gone = [TopicPartition(self.topic, p) for p in partitions if p in self._assigned]
+        for tp in gone:
+            self._assigned.pop(tp.partition, None)
+        if gone and self._live is not None:
+            self._live.incremental_unassign(gone)
+
+    def assigned(self) -> list[int]:
+        return sorted(self._assigned)
+
+    def positions(self) -> dict[int, tuple[int, int]]:
+        """Per live partition, Kafka's own view: (consumer position, high watermark).
+
+        The watermark is the one the last fetch response carried; their difference is the lag.
+        A position of -1001 means nothing was fetched yet (the assigned offset still applies)."""
+        if self._live is None:
+            return {}
+        tps = [TopicPartition(self.topic, p) for p in self._assigned]
+        found = {}
+        for tp in self._live.position(tps):
+            _, high = self._live.get_watermark_offsets(tp, cached=True)
+            found[tp.partition] = (tp.offset, high)
+        return found
+
+    def _serve_live(self) -> bool:
+        if not self._assigned or self._live is None:
+            return False
+        try:
+            raw = self._live.consume(self.fetch_batch, 0)
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("consume failed: %s", exc)
+            return False
+        if not raw:
+            return False
+        batch = self._decode(raw)
+        if batch:
+            self.on_records(batch)
+        return True
+
+    # -- catch-up ranges and share groups -------------------------------------------------------
+
+    async def replay(
+        self, ranges: dict[int, tuple[int, int]], take: Take, room: Callable[[], bool]
+    ) -> None:
+        """Hand ``take`` every record in ``[start, end)`` of each partition, in log order per
+        partition; see :meth:`router.catchup.CatchUp.read`."""
+        assert self.catch_up is not None, "the log is not started"
+        await self.catch_up.read(ranges, take, room)
+
+    @property
+    def catching_up(self) -> int:
+        """Sessions reading missed records now."""
+        return len(self.catch_up.cursors) if self.catch_up is not None else 0
+
+    def join(self, group: ShareGroup) -> None:
+        self.shares.append(group)
+
+    def forget(self, group: ShareGroup) -> None:
+        """Stop serving ``group``; its consumer leaves the Kafka group in the background."""
+        if group in self.shares:
+            self.shares.remove(group)
+            task = asyncio.get_running_loop().create_task(group.stop())
+            self._leaving.add(task)
+            task.add_done_callback(self._leaving.discard)
+
+    def _decode(self, raw: list[Any]) -> list[Record]:
+        undecodable = self.undecodable
+        batch = decode_batch(raw, self._count_bad)
+        self.fetched_records += len(batch) + self.undecodable - undecodable
+        self.fetched_bytes += sum(r.size for r in batch)
+        return batch
+
+    def _count_bad(self, msg: Any, error: Exception) -> None:
+        if isinstance(error, record.RecordError):
+            self.undecodable += 1
+            log.warning(
+                "skipping undecodable record at %s/%s: %s", msg.partition(), msg.offset(), error
+            )
+        else:
+            log.warning("fetch error: %s", error)

@@ -1,0 +1,142 @@
+"""This node's subscriptions: the index, the partitions they need, and where each one starts.
+
+Subscriptions live in a topic trie (``router.index``) keyed by (client id, filter).  Changes
+turn into partition interest (``router.interest``): the first subscription needing a partition
+has the live reader read it from the partition's high watermark, the last one leaving releases
+it.  Shared subscriptions (``$share/group/filter``) are not in the trie: the node joins the
+share group (``router.shared``) while it has a local member.
+
+A new subscription's life, and why nothing is missed or delivered early:
+
+1. it enters the trie as *pending*: records matching it are buffered, not delivered;
+2. the high watermark of each partition it needs is read: its start offsets;
+3. the client gets its SUBACK, then retained messages that precede those offsets;
+4. it is *activated*: buffered records at or after the start offsets are delivered, in log order,
+   and from then on every matching record at or after them.
+
+A record published after the SUBACK has an offset at or above the start offset, so it is
+delivered; one published before the watermark read is not (retained messages aside).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from frontend.mqtt import topics
+from frontend.mqtt.session import Session
+from router.index import SubscriptionTrie
+from router.interest import InterestTable
+from router.log import KafkaLog
+from router.partitioner import Router
+from router.record import Record
+
+SubKey = tuple[str, str]
+"""(client id, topic filter)"""
+
+
+class Subscriptions:
+    """The node-local subscription index and the log partitions it needs."""
+
+    def __init__(self, log_: KafkaLog, router: Router) -> None:
+        self.log = log_
+        self.router = router
+        self._trie: SubscriptionTrie[SubKey] = SubscriptionTrie()
+        self._interest = InterestTable()
+        self._starts: dict[SubKey, dict[int, int]] = {}
+        self._pending: dict[SubKey, list[Record]] = {}
+        self.dispatched: dict[int, int] = {}
+        """Per partition, the offset after the last record dispatched here."""
+
+    # -- adding and removing ------------------------------------------------------------------
+
+    async def add(
+        self, session: Session, requests: list[tuple[str, int]]
+    ) -> tuple[dict[int, int], list[str]]:
+        """Steps 1-2 above for the plain (not shared) filters of ``requests``: their start
+        offsets, and which filters are new.  Re-subscribing replaces the QoS [MQTT-3.8.4-3]
+        and keeps the start."""
+        new: list[str] = []
+        for topic_filter, qos in requests:
+            fresh = topic_filter not in session.subscriptions
+            session.subscriptions[topic_filter] = qos
+            self._trie.add(topic_filter, (session.client_id, topic_filter), qos)
+            if fresh:
+                new.append(topic_filter)
+                self._pending[(session.client_id, topic_filter)] = []
+        needed = [self.router.partitions_for_filter(f) for f in new]
+        for partitions in needed:
+            self._interest.acquire(partitions)
+        wanted = frozenset().union(*needed)
+        try:
+            starts = await self.log.high_watermarks(wanted)
+        except Exception:
+            self.remove(session, new)
+            raise
+        reader = self.log.reader
+        assigned = set(reader.assigned())
+        reader.assign({p: starts[p] for p in wanted if p not in assigned})
+        for topic_filter in new:
+            self._starts[(session.client_id, topic_filter)] = starts
+        return starts, new
+
+    def activate(self, client_id: str, filters: Iterable[str]) -> list[Record]:
+        """Step 4 above: the records buffered while ``filters`` were pending, in log order,
+        from their start offsets on."""
+        buffered: dict[tuple[int, int], Record] = {}
+        for topic_filter in filters:
+            key = (client_id, topic_filter)
+            starts = self._starts.get(key, {})
+            for rec in self._pending.pop(key, ()):
+                if rec.offset >= starts.get(rec.partition, 0):
+                    buffered[(rec.partition, rec.offset)] = rec
+        return [buffered[key] for key in sorted(buffered)]
+
+    def remove(self, session: Session, filters: Iterable[str]) -> None:
+        """Drop plain ``filters`` of ``session`` (those it has) from the index."""
+        present = [f for f in filters if f in session.subscriptions]
+        for topic_filter in present:
+            del session.subscriptions[topic_filter]
+        self.forget(session.client_id, present)
+
+    def forget(self, client_id: str, filters: Iterable[str]) -> None:
+        """Take ``filters`` out of the index; release the partitions nobody needs any more."""
+        for topic_filter in filters:
+            key = (client_id, topic_filter)
+            self._pending.pop(key, None)
+            if self._trie.remove(topic_filter, key):
+                self._starts.pop(key, None)
+                partitions = self.router.partitions_for_filter(topic_filter)
+                self.log.reader.unassign(self._interest.release(partitions))
+
+    # -- matching -----------------------------------------------------------------------------
+
+    def match(self, rec: Record) -> dict[str, list[int]]:
+        """Per client, the QoS granted by each of its subscriptions that may see ``rec`` now;
+        records for pending subscriptions are buffered for :meth:`activate` instead."""
+        targets: dict[str, list[int]] = {}
+        for key, qos in self._trie.match(rec.message.topic).items():
+            pending = self._pending.get(key)
+            if pending is not None:
+                pending.append(rec)
+                continue
+            start = self._starts.get(key)
+            if start is not None and rec.offset < start.get(rec.partition, 0):
+                continue
+            targets.setdefault(key[0], []).append(qos)
+        return targets
+
+    def positions_for(self, session: Session) -> dict[int, int]:
+        """Per partition, where the session's stream resumes if it went away now: after what
+        this node has dispatched, but not past a message still waiting in its queue, and never
+        before a subscription's start."""
+        queued = session.queued_from_log()
+        positions: dict[int, int] = {}
+        for topic_filter in session.subscriptions:
+            if topics.parse_shared(topic_filter) is not None:
+                continue
+            starts = self._starts.get((session.client_id, topic_filter), {})
+            for p in self.router.partitions_for_filter(topic_filter):
+                pos = max(self.dispatched.get(p, 0), starts.get(p, 0))
+                pos = min(pos, queued.get(p, pos), positions.get(p, pos))
+                positions[p] = pos
+        return positions

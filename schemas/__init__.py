@@ -1,0 +1,1 @@
+"""The Avro schemas of the log, shipped as package data (``importlib.resources``)."""

@@ -1,0 +1,251 @@
+"""The SessionStore contract, run against every backend: in memory and Redis (a real server).
+
+One suite, parametrized over the backends by the ``store`` fixture, states what the session
+manager may rely on whichever store it is given: ownership by lease, fencing by token, state kept
+across connections, QoS 2 marks.  Liveness is the one input the backends take differently: a
+Redis owner is busy only while its node's ``alive`` key exists, which ``make_alive`` sets (a
+no-op in memory, where every owner is live).
+
+What differs by design is tested apart, on Redis only, below the contract: an owner whose node
+is dead does not hold its session, and a will kept there is handed to the next owner.  The
+memory store has neither: one process dies with its sessions and their wills.
+
+The state written and read back agrees with its marks (``awaiting_rel`` holds exactly the ids
+marked), as the connection keeps them: the stores disagree when they do not (see the report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from frontend.mqtt.session import StoredOutbound, StoredSession
+from frontend.sessions.redis import RedisSessionStore
+from frontend.sessions.store import Acquired, Busy, Lease, MemorySessionStore, SessionStore
+
+MakeAlive = Callable[[str], Awaitable[None]]
+CLIENT = "client-1"
+
+
+def stored(awaiting_rel: tuple[int, ...] = (3, 7), last_id: int = 7) -> StoredSession:
+    """A session with something in every field (a fresh object each call)."""
+    return StoredSession(
+        subscriptions={"sensors/+/temp": 1, "alerts/#": 2, "plain": 0},
+        positions={0: 10, 3: 42},
+        inflight=[
+            StoredOutbound(b"\x00record-one\xff", 1, False, 5, False, 0, 9),
+            StoredOutbound(b"record-two", 2, True, 6, True, 3, 41),
+            StoredOutbound(b"record-three", 2, False, 7, False),
+        ],
+        awaiting_rel=list(awaiting_rel),
+        last_id=last_id,
+    )
+
+
+async def acquired(
+    store: SessionStore, node: str, clean: bool = False, force: bool = False
+) -> Acquired:
+    answer = await store.acquire(CLIENT, node, clean, force)
+    assert isinstance(answer, Acquired), f"{node} expected the session, got {answer}"
+    return answer
+
+
+async def saved_with_marks(store: SessionStore, lease: Lease, state: StoredSession) -> None:
+    """Save ``state`` and mark its QoS 2 ids, as a connection does (memory marks saved state)."""
+    assert await store.save(lease, state)
+    for packet_id in state.awaiting_rel:
+        await store.mark_received(lease, packet_id)
+
+
+async def _delete_keys(client: aioredis.Redis, prefix: str) -> None:
+    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+    if keys:
+        await client.delete(*keys)
+
+
+@pytest.fixture
+async def redis_store(redis_url: str, redis_prefix: str) -> AsyncIterator[RedisSessionStore]:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        yield RedisSessionStore(client, redis_prefix)
+    finally:
+        await _delete_keys(client, redis_prefix)
+        await client.aclose()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> SessionStore:
+    """Each backend in turn (Redis is started only for its own runs)."""
+    if request.param == "memory":
+        return MemorySessionStore()
+    backend: RedisSessionStore = request.getfixturevalue("redis_store")
+    return backend
+
+
+@pytest.fixture
+def make_alive(store: SessionStore) -> MakeAlive:
+    """Mark a node live, so that a connection it owns holds its session."""
+
+    async def alive(node_id: str) -> None:
+        if isinstance(store, RedisSessionStore):
+            await store.heartbeat(node_id)
+
+    return alive
+
+
+# -- the contract: both backends ----------------------------------------------------------------
+
+
+async def test_a_new_client_id_is_acquired_without_state(store: SessionStore) -> None:
+    answer = await acquired(store, "node-a")
+    assert answer.state is None
+    assert answer.orphaned_will is None
+    assert (answer.lease.client_id, answer.lease.node_id) == (CLIENT, "node-a")
+
+
+async def test_a_live_owner_makes_the_session_busy(
+    store: SessionStore, make_alive: MakeAlive
+) -> None:
+    await make_alive("node-a")
+    await acquired(store, "node-a")
+    assert await store.acquire(CLIENT, "node-b", False) == Busy("node-a")
+    assert await store.acquire(CLIENT, "node-b", True) == Busy("node-a")  # clean waits too
+
+
+async def test_released_state_comes_back_to_the_next_owner(
+    store: SessionStore, make_alive: MakeAlive
+) -> None:
+    await make_alive("node-a")
+    first = await acquired(store, "node-a")
+    await saved_with_marks(store, first.lease, stored())
+    await store.release(first.lease, stored())
+    again = await acquired(store, "node-b")  # released: free, though node-a lives
+    assert again.state == stored()
+    assert again.lease.token > first.lease.token
+
+
+async def test_release_keeps_the_state_it_is_given(store: SessionStore) -> None:
+    first = await acquired(store, "node-a")
+    await saved_with_marks(store, first.lease, stored(awaiting_rel=()))
+    await store.release(first.lease, stored(awaiting_rel=(), last_id=9))
+    assert (await acquired(store, "node-a")).state == stored(awaiting_rel=(), last_id=9)
+
+
+async def test_saved_state_outlives_an_owner_that_never_released(store: SessionStore) -> None:
+    first = await acquired(store, "node-a")
+    await saved_with_marks(store, first.lease, stored())
+    taken = await acquired(store, "node-b", force=True)
+    assert taken.state == stored()
+
+
+async def test_a_clean_acquire_discards_the_stored_state(store: SessionStore) -> None:
+    first = await acquired(store, "node-a")
+    await saved_with_marks(store, first.lease, stored())
+    await store.release(first.lease, stored())
+    clean = await acquired(store, "node-a", clean=True)
+    assert clean.state is None
+    # The marks went with it: a state saved now has only its own.
+    assert await store.save(clean.lease, stored(awaiting_rel=()))
+    assert (await acquired(store, "node-b", force=True)).state == stored(awaiting_rel=())
+
+
+async def test_release_without_state_forgets_the_session(store: SessionStore) -> None:
+    first = await acquired(store, "node-a")
+    await saved_with_marks(store, first.lease, stored())
+    await store.release(first.lease, None)
+    again = await acquired(store, "node-a")
+    assert again.state is None
+    assert again.lease.token > first.lease.token  # the token survives: old leases stay stale
+
+
+async def test_marks_reach_the_next_owner(store: SessionStore) -> None:
+    first = await acquired(store, "node-a")
+    await saved_with_marks(store, first.lease, stored(awaiting_rel=()))
+    await store.mark_received(first.lease, 5)
+    await store.mark_received(first.lease, 9)
+    await store.mark_received(first.lease, 9)  # a DUP resend marks nothing new
+    await store.unmark_received(first.lease, 5)
+    await store.unmark_received(first.lease, 11)  # never marked: nothing to undo
+    taken = await acquired(store, "node-b", force=True)
+    assert taken.state is not None
+    assert taken.state.awaiting_rel == [9]
+
+
+async def test_force_takes_a_busy_session_with_a_newer_token(
+    store: SessionStore, make_alive: MakeAlive
+) -> None:
+    await make_alive("node-a")
+    first = await acquired(store, "node-a")
+    assert await store.acquire(CLIENT, "node-b", False) == Busy("node-a")
+    taken = await acquired(store, "node-b", force=True)
+    assert taken.lease == Lease(CLIENT, "node-b", taken.lease.token)
+    assert taken.lease.token > first.lease.token
+    await make_alive("node-b")
+    assert await store.acquire(CLIENT, "node-c", False) == Busy("node-b")
+
+
+async def test_a_stale_lease_writes_nothing(store: SessionStore, make_alive: MakeAlive) -> None:
+    stale = (await acquired(store, "node-a")).lease
+    await saved_with_marks(store, stale, stored())
+    await acquired(store, "node-b", force=True)
+    await make_alive("node-b")
+
+    assert not await store.save(stale, stored(awaiting_rel=(), last_id=1))
+    await store.mark_received(stale, 99)
+    await store.unmark_received(stale, 3)
+    await store.release(stale, stored(awaiting_rel=(), last_id=2))
+    await store.release(stale, None)
+
+    assert await store.acquire(CLIENT, "node-c", False) == Busy("node-b")  # still node-b's
+    assert (await acquired(store, "node-c", force=True)).state == stored()
+
+
+async def test_client_ids_are_independent(store: SessionStore, make_alive: MakeAlive) -> None:
+    await make_alive("node-a")
+    first = await acquired(store, "node-a")
+    await saved_with_marks(store, first.lease, stored())
+    other = await store.acquire("client-2", "node-b", False)
+    assert isinstance(other, Acquired)
+    assert other.state is None
+
+
+# -- Redis only: liveness and wills, which one process has no use for ---------------------------
+
+
+async def test_redis_an_owner_on_a_dead_node_does_not_hold_the_session(
+    redis_store: RedisSessionStore,
+) -> None:
+    first = await acquired(redis_store, "node-a")  # node-a never heartbeats
+    await saved_with_marks(redis_store, first.lease, stored())
+    taken = await acquired(redis_store, "node-b")
+    assert taken.state == stored()
+    assert taken.lease.token > first.lease.token
+
+
+async def test_redis_hands_a_dead_connections_will_to_the_next_owner(
+    redis_store: RedisSessionStore,
+) -> None:
+    first = await acquired(redis_store, "node-a")
+    await redis_store.keep_will(first.lease, b"\x00will record\xff")
+    taken = await acquired(redis_store, "node-b")
+    assert taken.orphaned_will == b"\x00will record\xff"
+    await redis_store.release(taken.lease, None)
+    assert (await acquired(redis_store, "node-c")).orphaned_will is None  # handed over once
+
+
+async def test_redis_release_drops_the_will(redis_store: RedisSessionStore) -> None:
+    first = await acquired(redis_store, "node-a")
+    await redis_store.keep_will(first.lease, b"will")
+    await redis_store.release(first.lease, stored())
+    assert (await acquired(redis_store, "node-b")).orphaned_will is None
+    assert await redis_store.claim_wills("node-a", only_if_dead=True) == []
+
+
+async def test_redis_a_stale_lease_keeps_no_will(redis_store: RedisSessionStore) -> None:
+    stale = (await acquired(redis_store, "node-a")).lease
+    await acquired(redis_store, "node-b", force=True)
+    await redis_store.keep_will(stale, b"old will")
+    assert (await acquired(redis_store, "node-c", force=True)).orphaned_will is None
+    assert await redis_store.claim_wills("node-a", only_if_dead=True) == []
