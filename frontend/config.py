@@ -38,6 +38,8 @@ class NodeConfig:
     connect_timeout: float = 15.0
     password_file: str | None = None
     redis_prefix: str = "hw:"
+    redis_connections: int = 50
+    """Connections to Redis at most; more requests at once wait for one (never refused)."""
     stats_host: str | None = None
     stats_port: int = 0
     limits: Limits = field(default_factory=Limits)
@@ -67,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("REDIS_URL"),
         help="sessions and retained messages; in memory when unset "
         "(one node only) [HEADWATER_REDIS_URL]",
+    )
+    p.add_argument(
+        "--redis-connections",
+        default=_env("REDIS_CONNECTIONS", "50"),
+        help="connections to Redis at most; requests beyond wait their turn "
+        "[HEADWATER_REDIS_CONNECTIONS]",
     )
     p.add_argument(
         "--redis-prefix",
@@ -162,6 +170,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         kafka_bootstrap=args.kafka_bootstrap,
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,
+        redis_connections=_int_setting(args.redis_connections, "--redis-connections", 2, 10_000),
         topic=args.topic,
         partitions=_int_setting(args.partitions, "--partitions", 1, 100_000),
         routing_depth=_int_setting(args.routing_depth, "--routing-depth", 1, 64),

@@ -192,6 +192,8 @@ class MqttConnection(asyncio.Protocol):
             self._timer.cancel()
         self.services.connections.discard(self)
         if self.owned is not None:
+            for out in self.publishing.take_deferred():  # kept for the stored session
+                self.owned.session.deliver(out, online=False)
             self.services.sessions.release(self.owned)
 
     def pause_writing(self) -> None:
@@ -207,7 +209,10 @@ class MqttConnection(asyncio.Protocol):
 
     def deliver(self, out: Outbound) -> None:
         session = self.channel.session
-        if session is None or self._closed or self.publishing.defer_own(out):
+        if session is None or self.publishing.defer_own(out):
+            return
+        if self._closed:  # queued for the stored session (QoS 0 dropped and counted)
+            session.deliver(out, online=False)
             return
         data = session.deliver(out, online=True, writable=not self._write_paused)
         if data is not None:

@@ -41,6 +41,9 @@ from router.record import wall_clock_stamps
 
 log = logging.getLogger("headwater.node")
 
+REDIS_WAIT = 10.0
+"""Seconds a request waits for a free Redis connection before it counts as Redis unavailable."""
+
 
 class Node:
     """A running front-end."""
@@ -111,7 +114,16 @@ class Node:
         log.info("node %s serving MQTT on %s:%s", self.config.node_id, sock[0], sock[1])
 
     async def _connect_redis(self, url: str) -> None:
-        client = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        # A blocking pool: a burst of requests waits for a connection (up to REDIS_WAIT seconds)
+        # instead of failing with "Too many connections", which would refuse CONNECTs.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=self.config.redis_connections,
+            timeout=REDIS_WAIT,
+            socket_timeout=5,
+            socket_connect_timeout=5,
+        )
+        client = aioredis.Redis.from_pool(pool)  # closing the client closes the pool
         try:
             await client.ping()
         except (RedisError, OSError) as exc:

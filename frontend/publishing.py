@@ -103,6 +103,10 @@ class Publishing:
             return True
         return False
 
+    def take_deferred(self) -> list[Outbound]:
+        deferred, self._own_deferred = self._own_deferred, []
+        return deferred
+
     def _durable(
         self, ticket: int | None, message: Message, partition: int, offset: int, error: str | None
     ) -> None:
@@ -135,10 +139,8 @@ class Publishing:
     def _acknowledge(self, ticket: int) -> None:
         self._qos2_ids.pop(ticket, None)
         self._run(self.channel.produced(ticket))
-        if self._own_deferred:
-            deferred, self._own_deferred = self._own_deferred, []
-            for out in deferred:
-                self._deliver(out)
+        for out in self.take_deferred():
+            self._deliver(out)
         self.on_unblocked()
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:

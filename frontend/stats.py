@@ -49,6 +49,7 @@ def snapshot(
         "protocol_errors": services.protocol_errors,
         "wills_published": sessions.wills_published,
         "orphaned_wills_published": sessions.orphaned_wills_published,
+        "wills_lost": sessions.wills_lost,
         "shared_groups": dispatcher.share_names(),
         "kafka_available": klog.available,
     }

@@ -82,6 +82,7 @@ class SessionManager:
         self.coordinator: Coordinator | None = None
         self.wills_published = 0
         self.orphaned_wills_published = 0
+        self.wills_lost = 0
         self._owned: dict[str, Owned] = {}
         self._releasing: dict[str, asyncio.Task[None]] = {}
         self._saver: asyncio.Task[None] | None = None
@@ -243,6 +244,7 @@ class SessionManager:
                 asyncio.get_running_loop().create_task(retained.apply(message, partition, offset))
 
         if not self.log.produce(message, stored):
+            self.wills_lost += 1
             log.error("will of %s lost: the producer queue is full", message.client_id)
 
     def publish_orphaned_wills(self, wills: list[bytes]) -> None:

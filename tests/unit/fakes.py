@@ -147,6 +147,8 @@ class FakeClient:
         self.wire: list[bytes] = []
         self.taken_over = 0
         self.lost = 0
+        self.on_takeover: Callable[[], None] = lambda: None
+        """What closing does: a real connection releases its session as it closes."""
 
     def deliver(self, out: Outbound) -> None:
         data = self.session.deliver(out, online=True)
@@ -155,6 +157,7 @@ class FakeClient:
 
     def takeover(self) -> None:
         self.taken_over += 1
+        self.on_takeover()
 
     def lose_session(self) -> None:
         self.lost += 1
