@@ -10,6 +10,10 @@ Two Headwater nodes with Redis stores share one Kafka log.  Measured:
   it reconnects to the other node.  Rate = N / (time from CONNACK to the N-th message), the
   subscriber acknowledging each as it arrives: messages read back from the log, filtered by the
   session's subscriptions, and delivered through the in-flight window.
+* **resume storm**: S persistent sessions (one topic each) leave node 1, are each owed 2 QoS 1
+  messages, and all reconnect to node 2 at once.  Reported: the time until every one has its
+  messages, and node 2's threads (``/proc/<pid>/task``) and resident memory before and at most
+  during the storm, sampled every 20 ms.
 
 The result is printed and written as the "Sessions" section of ``docs/benchmarks.md`` (between
 markers, so the main benchmark's report and this one can be regenerated independently).
@@ -25,10 +29,20 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 from frontend.mqtt.codec import Decoder, encode
-from frontend.mqtt.packets import Connack, Connect, Packet, Puback, Publish, Subscribe, Will
+from frontend.mqtt.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Puback,
+    Publish,
+    Subscribe,
+    Will,
+)
 from headwater.services.kafka import LocalKafka
 from headwater.services.kafka_admin import ensure_topic
 from headwater.services.ports import free_port
@@ -118,10 +132,69 @@ async def replay_rate(ports: tuple[int, int], count: int) -> float:
     return count / elapsed
 
 
+@dataclass(slots=True)
+class Storm:
+    sessions: int
+    seconds: float
+    threads: tuple[int, int]
+    rss_mib: tuple[float, float]
+
+
+def _threads_and_rss(pid: int) -> tuple[int, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss_kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+    return len(os.listdir(f"/proc/{pid}/task")), rss_kib / 1024
+
+
+async def _leave_subscribed(port: int, i: int) -> None:
+    client, _ = await Client.connect(port, Connect(f"storm-{i}", clean_session=False))
+    client.send(Subscribe(1, ((f"storm/{i}/cmd", 1),)))
+    await client.recv()
+    client.send(Disconnect())
+    await client.writer.drain()
+    client.close()
+
+
+async def _come_back(port: int, i: int) -> None:
+    client, connack = await Client.connect(port, Connect(f"storm-{i}", clean_session=False))
+    assert connack.session_present
+    received = 0
+    while received < 2:
+        packet = await client.recv()
+        if isinstance(packet, Publish):
+            client.send(Puback(packet.packet_id or 0))
+            received += 1
+    client.close()
+
+
+async def resume_storm(ports: tuple[int, int], pid: int, sessions: int) -> Storm:
+    for start in range(0, sessions, 100):
+        await asyncio.gather(
+            *(_leave_subscribed(ports[0], i) for i in range(start, min(start + 100, sessions)))
+        )
+    pub, _ = await Client.connect(ports[0], Connect("storm-pub"))
+    for n in range(2 * sessions):
+        pub.send(Publish(f"storm/{n % sessions}/cmd", b"x" * 64, qos=1, packet_id=n % 65535 + 1))
+    acks = 0
+    while acks < 2 * sessions:
+        acks += isinstance(await pub.recv(), Puback)
+    pub.close()
+    threads, rss = before = _threads_and_rss(pid)
+    started = time.perf_counter()
+    storm = asyncio.gather(*(_come_back(ports[1], i) for i in range(sessions)))
+    while not storm.done():
+        now = _threads_and_rss(pid)
+        threads, rss = max(threads, now[0]), max(rss, now[1])
+        await asyncio.sleep(0.02)
+    await storm
+    return Storm(sessions, time.perf_counter() - started, (before[0], threads), (before[1], rss))
+
+
 def start_nodes(stack: ExitStack, bootstrap: str, redis_url: str, work: Path) -> tuple[int, int]:
     topic = f"bench.sessions.{os.getpid()}"
     ensure_topic(bootstrap, topic, PARTITIONS, messages_topic(PARTITIONS).config)
     ports = []
+    pids.clear()
     for i in (1, 2):
         port = free_port()
         argv = [sys.executable, "-m", "frontend", "--node-id", f"s{i}", "--listen",
@@ -131,6 +204,7 @@ def start_nodes(stack: ExitStack, bootstrap: str, redis_url: str, work: Path) ->
         child = ChildProcess.spawn(f"s{i}", argv, work / f"s{i}.log")
         stack.callback(child.stop, 15.0)
         ports.append(port)
+        pids.append(child.pid)
     return ports[0], ports[1]
 
 
@@ -145,7 +219,11 @@ async def wait_ready(ports: tuple[int, int]) -> None:
                 await asyncio.sleep(0.1)
 
 
-def report(takeovers: list[float], rate: float, count: int, command: str) -> str:
+pids: list[int] = []
+"""The node processes' ids, in start order."""
+
+
+def report(takeovers: list[float], rate: float, count: int, storm: Storm, command: str) -> str:
     ms = sorted(t * 1000 for t in takeovers)
     return "\n".join([
         BEGIN,
@@ -160,11 +238,17 @@ def report(takeovers: list[float], rate: float, count: int, command: str) -> str
         f"{statistics.median(ms):.1f} ms, max {ms[-1]:.1f} ms |",
         f"| replay on reconnect to another node, {count:,} queued QoS 1 messages | "
         f"{rate:,.0f} msgs/s |",
+        f"| resume storm: {storm.sessions} persistent sessions, each owed 2 QoS 1 messages, "
+        f"reconnect to node 2 at once | all served in {storm.seconds:.1f} s; node 2 threads "
+        f"{storm.threads[0]} before, {storm.threads[1]} at most; RSS {storm.rss_mib[0]:.0f} "
+        f"-> {storm.rss_mib[1]:.0f} MiB |",
         "",
         "Takeover: node 2 asks node 1 over Redis to let go; node 1 closes the old connection, "
-        "publishes its will and stores the session; node 2 acquires it (`frontend/takeover.py`). "
-        "Replay: the reconnecting node reads the session's partitions from its stored positions "
-        "to the live offsets and delivers the QoS 1/2 matches (`Node.replay`).",
+        "publishes its will and stores the session; node 2 acquires it (`frontend/cluster.py`, "
+        "`frontend/sessions/manager.py`). Replay: the reconnecting node's one catch-up consumer "
+        "reads the session's partitions from its stored positions to the live offsets and the "
+        "dispatcher delivers the QoS 1/2 matches (`router/catchup.py`, `Dispatcher.replay`); "
+        "every session of the storm shares that consumer.",
         END,
     ])  # fmt: skip
 
@@ -179,15 +263,20 @@ def write_section(section: str) -> None:
     REPORT.write_text(text)
 
 
-async def measure(ports: tuple[int, int], rounds: int, count: int) -> tuple[list[float], float]:
+async def measure(
+    ports: tuple[int, int], rounds: int, count: int, sessions: int
+) -> tuple[list[float], float, Storm]:
     await wait_ready(ports)
-    return await takeover_times(ports, rounds), await replay_rate(ports, count)
+    takeovers = await takeover_times(ports, rounds)
+    rate = await replay_rate(ports, count)
+    return takeovers, rate, await resume_storm(ports, pids[1], sessions)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sessions")
     parser.add_argument("--rounds", type=int, default=20, help="takeovers to time [20]")
     parser.add_argument("--messages", type=int, default=20_000, help="queued messages [20000]")
+    parser.add_argument("--sessions", type=int, default=500, help="resume storm size [500]")
     parser.add_argument("--no-report", action="store_true", help="print only")
     args = parser.parse_args(argv)
     command = "python -m bench.sessions " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -204,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             redis_url = redis.start()
             stack.callback(redis.stop)
         ports = start_nodes(stack, bootstrap, redis_url, work)
-        takeovers, rate = asyncio.run(measure(ports, args.rounds, args.messages))
-    section = report(takeovers, rate, args.messages, command.strip())
+        measured = asyncio.run(measure(ports, args.rounds, args.messages, args.sessions))
+    section = report(*measured[:2], args.messages, measured[2], command.strip())
     print(section)
     if not args.no_report:
         write_section(section)

@@ -6,9 +6,14 @@ needs.  The consumer reads each partition from the lowest cursor of the sessions
 more, and every record goes to each cursor whose range holds it.
 
 A session whose queue is full answers "no room" (``take`` returns False): its cursor stays where
-it is and it is left out until it has room again; then the partition is read again from its
-cursor.  The log is the queue: a catching-up session never loses a message to its queue bound,
-and a slow one does not hold the fast ones back.
+it is and it is left out until it has room again.  Meanwhile it keeps the records it needs that
+the consumer had already handed out (at most ``STASH_LIMIT``), and while every cursor waits the
+consumer is not read at all (librdkafka stops fetching once its local queue is full): when the
+session has room it takes the kept records and reading goes on where it stopped, without
+fetching anything twice.  Only if another cursor moved a partition on does it get read again from
+the waking cursor.  The log is the queue: a
+catching-up session never loses a message to its queue bound, and a slow one does not hold the
+fast ones back.
 
 Invariants: a cursor's offsets only grow; a record is handed to a cursor at most once (only at or
 after its position, which then moves past it); a partition is assigned exactly while some cursor
@@ -33,6 +38,9 @@ log = logging.getLogger("headwater.catchup")
 STALL_SECONDS = 30.0
 """A cursor that could take records but got none for this long fails (its range is unreadable)."""
 
+STASH_LIMIT = 2000
+"""Records a waiting cursor keeps at most (references to records fetched anyway)."""
+
 CHECK_INTERVAL = 0.005
 """Seconds between two looks at whether waiting cursors have room again."""
 
@@ -43,7 +51,7 @@ Take = Callable[[Record], bool]
 class Cursor:
     """One session's place in the ranges it catches up on."""
 
-    __slots__ = ("done", "end", "next", "progress", "room", "take", "waiting")
+    __slots__ = ("done", "end", "kept_to", "next", "progress", "room", "stash", "take", "waiting")
 
     def __init__(
         self, ranges: dict[int, tuple[int, int]], take: Take, room: Callable[[], bool]
@@ -53,6 +61,10 @@ class Cursor:
         self.take = take
         self.room = room
         self.waiting = False
+        self.stash: list[Record] = []
+        """Records needed but refused or fetched while waiting, in fetch order, contiguous."""
+        self.kept_to: dict[int, int] = {}
+        """Per partition, the offset the next kept record must have."""
         self.progress = time.monotonic()
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -70,6 +82,29 @@ class Cursor:
             self.next[rec.partition] = rec.offset + 1
         return True
 
+    def keep(self, rec: Record) -> None:
+        """While waiting: keep a record it will need, if it follows on from what is kept (so
+        what is kept of a partition is always the run of records starting at its position)."""
+        position = self.next.get(rec.partition)
+        if position is None or len(self.stash) >= STASH_LIMIT:
+            return
+        if rec.offset == self.kept_to.get(rec.partition, position):
+            self.stash.append(rec)
+            self.kept_to[rec.partition] = rec.offset + 1
+
+    def wake(self) -> bool:
+        """Take the kept records; True once all are taken (it is no longer waiting)."""
+        taken = 0
+        for rec in self.stash:
+            if not self.offer(rec):
+                break
+            taken += 1
+        del self.stash[:taken]
+        if not self.stash:
+            self.kept_to.clear()
+        self.waiting = bool(self.stash)
+        return not self.waiting
+
 
 class CatchUp:
     """The catch-up consumer and the cursors it serves."""
@@ -86,8 +121,11 @@ class CatchUp:
         self.batch = batch
         self._decode = decode
         self.cursors: set[Cursor] = set()
+        self._by_partition: dict[int, set[Cursor]] = {}
         self._reading: dict[int, int] = {}
         """Assigned partitions: the offset the consumer returns next for each."""
+        self._active = False
+        """Some cursor can take records now (else the consumer is left unread)."""
         self._changed = False
         self._checked = 0.0
 
@@ -101,11 +139,19 @@ class CatchUp:
         if not cursor.next:
             return
         self.cursors.add(cursor)
+        for partition in cursor.next:
+            self._by_partition.setdefault(partition, set()).add(cursor)
         self._changed = True
         try:
             await cursor.done
         finally:
             self.cursors.discard(cursor)
+            for partition in cursor.end:
+                on_partition = self._by_partition.get(partition)
+                if on_partition is not None:
+                    on_partition.discard(cursor)
+                    if not on_partition:
+                        del self._by_partition[partition]
             self._changed = True
 
     def serve(self) -> bool:
@@ -115,7 +161,7 @@ class CatchUp:
         self._check_cursors()
         if self._changed:
             self._aim()
-        if not self._reading:
+        if not self._reading or not self._active:
             return False
         try:
             raw = self.consumer.consume(self.batch, 0)
@@ -128,11 +174,14 @@ class CatchUp:
 
     def _hand(self, rec: Record) -> None:
         self._reading[rec.partition] = rec.offset + 1
-        for cursor in self.cursors:
-            if cursor.waiting or rec.partition not in cursor.next:
+        for cursor in self._by_partition.get(rec.partition, ()):
+            if rec.partition not in cursor.next:
                 continue
-            if not cursor.offer(rec):
+            if cursor.waiting:
+                cursor.keep(rec)
+            elif not cursor.offer(rec):
                 cursor.waiting = True
+                cursor.keep(rec)
                 self._changed = True
             elif not cursor.next:
                 self._finish(cursor)
@@ -158,27 +207,37 @@ class CatchUp:
             if cursor.done.done():
                 continue
             if cursor.waiting:
-                if cursor.room():
-                    cursor.waiting = False
+                if cursor.room() and cursor.wake():
                     cursor.progress = now
                     self._changed = True
+                    if not cursor.next:
+                        self._finish(cursor)
             elif now - cursor.progress > STALL_SECONDS:
                 stalled = sorted(cursor.next)
                 self._finish(cursor, TimeoutError(f"catch-up made no progress on {stalled}"))
 
     def _aim(self) -> None:
-        """Assign each needed partition at its lowest cursor; release the rest."""
+        """Read each partition from its lowest cursor that can take more; keep those only
+        waiting cursors need where they are; release the rest."""
         self._changed = False
         wanted: dict[int, int] = {}
+        waiting: set[int] = set()
         for cursor in self.cursors:
-            if cursor.waiting or cursor.done.done():
+            if cursor.done.done():
+                continue
+            if cursor.waiting:
+                waiting.update(cursor.next)
                 continue
             for partition, position in cursor.next.items():
                 wanted[partition] = min(position, wanted.get(partition, position))
-        stale = [p for p, at in self._reading.items() if p not in wanted or wanted[p] < at]
-        if stale:
-            self.consumer.incremental_unassign([TopicPartition(self.topic, p) for p in stale])
-            for partition in stale:
+        self._active = bool(wanted)
+        behind = [p for p, at in self._reading.items() if p in wanted and wanted[p] < at]
+        gone = [p for p in self._reading if p not in wanted and p not in waiting]
+        if behind or gone:
+            self.consumer.incremental_unassign(
+                [TopicPartition(self.topic, p) for p in (*behind, *gone)]
+            )
+            for partition in (*behind, *gone):
                 del self._reading[partition]
         fresh = {p: at for p, at in wanted.items() if p not in self._reading}
         if fresh:

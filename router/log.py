@@ -129,11 +129,16 @@ class KafkaLog:
             "message.max.bytes": MAX_RECORD_BYTES,
         })  # fmt: skip
         node = self.settings.node_id
-        self.reader.start(
-            self.consumer(f"headwater-node-{node}"),
-            # the catch-up consumer's prefetch is what a replay holds in memory at most
-            self.consumer(f"headwater-catchup-{node}", **{"queued.max.messages.kbytes": 8192}),
+        live = self.consumer(f"headwater-node-{node}")
+        # the catch-up consumer's prefetch is what a replay holds in memory at most
+        catch_up = self.consumer(
+            f"headwater-catchup-{node}", **{"queued.max.messages.kbytes": 8192}
         )
+        for consumer in (live, catch_up):
+            # Learn the topic's leaders now: a consumer that first meets the topic when a
+            # partition is assigned waits for librdkafka's next metadata scan (up to a second).
+            await self._loop.run_in_executor(None, consumer.list_topics, self.settings.topic, 10)
+        self.reader.start(live, catch_up)
         self._running = True
         self._pump_handle = self._loop.call_soon(self._pump)
         self.available = True

@@ -51,7 +51,9 @@ class FakeConsumer:
     def __init__(self, partitions: dict[int, list[Message]]) -> None:
         self.values = {p: [record.encode(m) for m in ms] for p, ms in partitions.items()}
         self.position: dict[int, int] = {}
+        self.paused: set[int] = set()
         self.assigns = 0
+        self.returned = 0
 
     def incremental_assign(self, tps: list[Any]) -> None:
         self.assigns += 1
@@ -62,13 +64,21 @@ class FakeConsumer:
         for tp in tps:
             self.position.pop(tp.partition, None)
 
+    def pause(self, tps: list[Any]) -> None:
+        """Like librdkafka's, a pause outlives the partition's unassignment."""
+        self.paused.update(tp.partition for tp in tps)
+
+    def resume(self, tps: list[Any]) -> None:
+        self.paused.difference_update(tp.partition for tp in tps)
+
     def consume(self, n: int, timeout: float) -> list[_Msg]:
         out: list[_Msg] = []
-        for p in sorted(self.position):
+        for p in sorted(set(self.position) - self.paused):
             while len(out) < n and self.position[p] < len(self.values[p]):
                 offset = self.position[p]
                 out.append(_Msg(p, offset, self.values[p][offset]))
                 self.position[p] = offset + 1
+        self.returned += len(out)
         return out
 
     def close(self) -> None:

@@ -72,6 +72,30 @@ async def test_a_cursor_without_room_waits_and_gets_the_rest_later_while_others_
     assert offsets(slow) == list(range(30))  # nothing lost, nothing twice
 
 
+async def test_a_lone_slow_cursor_resumes_where_it_stopped_without_fetching_twice() -> None:
+    catch_up, consumer = reader()
+    got: list[Record] = []
+    room = {"open": True}
+
+    def take(rec: Record) -> bool:
+        if not room["open"]:
+            return False
+        got.append(rec)
+        room["open"] = len(got) % 5 != 0  # full after every 5th record
+        return True
+
+    task = asyncio.ensure_future(catch_up.read({0: (0, 30)}, take, lambda: True))
+    for _ in range(1000):
+        if task.done():
+            break
+        room["open"] = True  # the client worked through its queue
+        catch_up._checked = 0.0
+        catch_up.serve()
+        await asyncio.sleep(0)
+    assert offsets(got) == list(range(30))
+    assert consumer.assigns == 1 and consumer.returned == 30
+
+
 async def test_a_later_cursor_with_an_earlier_start_is_read_again_from_there() -> None:
     catch_up, consumer = reader()
     first: list[Record] = []
