@@ -15,7 +15,7 @@ BENCH_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # program:Debian package, installed with apt-get when the program is not found.
 APT_NEEDS := redis-server:redis-server haproxy:haproxy mosquitto:mosquitto \
-	mosquitto_pub:mosquitto-clients java:openjdk-17-jre-headless mvn:maven dot:graphviz
+	mosquitto_pub:mosquitto-clients java:openjdk-17-jre-headless mvn:maven
 
 .PHONY: help install system-packages kafka-jars test lint run docs bench clean distclean
 
@@ -77,7 +77,8 @@ run: install
 	$(VENV)/bin/headwater dev up $(RUN_ARGS)
 
 # markdown-pdf renders with PyMuPDF: no LaTeX, no browser. PyMuPDF 2.x drags in onnxruntime; 1.x does not.
-# The figures are Graphviz sources, docs/diagrams/*.dot, drawn to PNG by docs/render.py with dot.
+# The figures are Graphviz sources, docs/diagrams/*.dot, drawn to PNG by docs/render.py with dot
+# (installed here on first use: the tests do not need it).
 DOCS_TOOLS := 'markdown-pdf>=1.13,<2' 'pymupdf>=1.24,<2'
 
 docs: | $(PY)
