@@ -353,20 +353,17 @@ class MqttConnection(asyncio.Protocol):
 
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
         assert self.owned is not None
-        session, dispatcher = self.owned.session, self.services.dispatcher
+        sessions = self.services.sessions
         try:
-            starts, new = await dispatcher.subscribe(session, action.granted)
-        except outages.OUTAGES as exc:
+            starts, new = await sessions.subscribe(self.owned, action.granted)
+        except outages.STORE_ERRORS as exc:
+            self._run(outages.subscription_not_stored(self.channel, exc))
+            return
+        except outages.LOG_ERRORS as exc:
             self._run(outages.subscribe_failed(self.channel, action, exc))
             return
-        await self.services.sessions.save(self.owned)  # the subscription outlives this node
         self._run(self.channel.subscribed(action))
-        try:
-            retained = self.services.retained
-            found = {f: await retained.match(f) for f, _ in action.granted}
-            dispatcher.deliver_retained(session, found, new, starts)
-        finally:
-            dispatcher.activate(session, new)
+        await sessions.subscribed(self.owned, action.granted, new, starts)
 
     # -- packets out --------------------------------------------------------------------------
 

@@ -13,6 +13,8 @@ PUBLISH QoS 1/2        Kafka refused or lost the record            no PUBACK/PUB
 PUBLISH retained,      Redis error storing the retained message    no PUBACK/PUBREC; close
 QoS 2 persistent       or the QoS 2 packet id after the write
 SUBSCRIBE              Kafka cannot say where partitions end       SUBACK 0x80 for every filter
+SUBSCRIBE, persistent  Redis error storing the subscription        no SUBACK; close (the client
+                                                                   subscribes again on reconnect)
 session save, release  Redis error                                 nothing; logged, the next save
                                                                    retries
 =====================  ==========================================  =================================
@@ -81,6 +83,14 @@ def subscribe_failed(
 ) -> list[ch.Action]:
     log.warning("client %s: subscribe failed: %s", channel.client_id, exc)
     return channel.subscribed(request, failed=True)
+
+
+def subscription_not_stored(channel: ch.Channel, exc: Exception) -> list[ch.Action]:
+    """A persistent session's subscription could not be stored: no SUBACK claims it."""
+    log.error(
+        "client %s: subscription not stored (%s); closing without SUBACK", channel.client_id, exc
+    )
+    return channel.connection_lost("session store unavailable")
 
 
 def background_failed(client_id: str, what: str, exc: BaseException) -> None:

@@ -171,6 +171,28 @@ class SessionManager:
             dispatcher.activate(session, new)
             owned.replaying = None
 
+    # -- subscriptions ------------------------------------------------------------------------
+
+    async def subscribe(
+        self, owned: Owned, granted: list[tuple[str, int]]
+    ) -> tuple[dict[int, int], list[str]]:
+        """Register ``granted`` (pending until :meth:`subscribed`) and, for a persistent
+        session, store it before the SUBACK: the subscription outlives this node.  Their start
+        offsets and the new plain filters."""
+        starts, new = await self.dispatcher.subscribe(owned.session, granted)
+        await self.save(owned)
+        return starts, new
+
+    async def subscribed(
+        self, owned: Owned, granted: list[tuple[str, int]], new: list[str], starts: dict[int, int]
+    ) -> None:
+        """After the SUBACK: the matching retained messages [MQTT-3.3.1-6], then live."""
+        try:
+            found = {f: await self.retained.match(f) for f, _ in granted}
+            self.dispatcher.deliver_retained(owned.session, found, new, starts)
+        finally:
+            self.dispatcher.activate(owned.session, new)
+
     # -- save and release -----------------------------------------------------------------------
 
     def snapshot(self, owned: Owned) -> StoredSession:
