@@ -4,6 +4,7 @@ each test on a log topic of its own in the real Kafka."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import sys
 import uuid
@@ -19,6 +20,29 @@ from router.topics import messages_topic
 PARTITIONS = 4
 
 NodeFactory = Callable[..., Awaitable[Node]]
+
+
+async def eventually(
+    condition: Callable[[], bool | Awaitable[bool]],
+    *,
+    what: str,
+    timeout: float = 10.0,
+    interval: float = 0.01,
+) -> None:
+    """Return as soon as ``condition()`` (sync or async) is true; checked every ``interval``
+    seconds.  Fails the test, naming ``what`` it waited for, if it is still false after
+    ``timeout`` seconds.  For waiting on something to happen; never for a sleep."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = condition()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() >= deadline:
+            raise AssertionError(f"still waiting for {what} after {timeout:g} s")
+        await asyncio.sleep(interval)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from frontend.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 from frontend.node import Node
 from router.partitioner import Router
 from tests.conftest import free_port
-from tests.e2e.conftest import PARTITIONS, NodeFactory, launch_node_process
+from tests.e2e.conftest import PARTITIONS, NodeFactory, eventually, launch_node_process
 from tests.e2e.rawmqtt import RawClient
 
 
@@ -166,7 +166,10 @@ async def test_unsubscribe_and_disconnect_release_partitions(start_node: NodeFac
     await c2.subscribe((topic_a, 0), (topic_b, 0))
     assert node.log.reader.assigned() == [2, 3]
     await c1.close()
-    await asyncio.sleep(0.2)
+    await eventually(
+        lambda: {c.channel.client_id for c in node.connections} == {"rel2"},
+        what="the node to drop rel1's connection",
+    )
     assert node.log.reader.assigned() == [2, 3]  # c2 still needs both
     from frontend.mqtt.packets import Unsuback, Unsubscribe
 
@@ -174,7 +177,7 @@ async def test_unsubscribe_and_disconnect_release_partitions(start_node: NodeFac
     assert await c2.recv() == Unsuback(5)
     assert node.log.reader.assigned() == [2]
     await c2.close()
-    await asyncio.sleep(0.2)
+    await eventually(lambda: not node.connections, what="the node to drop rel2's connection")
     assert node.log.reader.assigned() == []
 
 
@@ -186,14 +189,17 @@ async def test_nodes_joining_and_leaving_under_traffic(start_node: NodeFactory) 
     await leaver.subscribe(("churn/t", 1))
     pub = await RawClient.connected(n1.config.port, "churn-pub")
     total = 200
+    acked = 0
 
     async def publish_all() -> None:
+        nonlocal acked
         for i in range(total):
             await publish_qos1(pub, "churn/t", [str(i).encode()], first_id=i % 60000 + 1)
+            acked += 1
             await asyncio.sleep(0.005)
 
     sender = asyncio.create_task(publish_all())
-    await asyncio.sleep(0.3)
+    await eventually(lambda: acked >= total // 5, what="the first fifth of the traffic published")
     await n3.stop()  # a node leaves (its clients with it)
     n4 = await start_node()  # another joins
     joiner = await RawClient.connected(n4.config.port, "joiner")
@@ -309,7 +315,10 @@ async def test_shared_member_leaving_loses_nothing(start_node: NodeFactory) -> N
     total = 60
     for i in range(total):
         await publish_qos1(pub, f"work/{i}/x", [str(i).encode()], first_id=i + 1)
-    await asyncio.sleep(0.5)
+    await eventually(
+        lambda: sum(n.dispatcher.counters.messages_delivered for n in nodes) >= total,
+        what=f"all {total} messages handed to a member",
+    )
     await go.close()  # leaves without acknowledging anything it got
     received: set[bytes] = set()
     while True:

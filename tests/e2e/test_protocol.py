@@ -6,8 +6,6 @@ statement it checks.
 
 from __future__ import annotations
 
-import asyncio
-
 from frontend.mqtt.codec import encode
 from frontend.mqtt.packets import (
     Connack,
@@ -26,6 +24,7 @@ from frontend.mqtt.packets import (
     Will,
 )
 from frontend.node import Node
+from tests.e2e.conftest import eventually
 from tests.e2e.rawmqtt import RawClient
 
 # -- CONNECT --------------------------------------------------------------------------------
@@ -293,8 +292,18 @@ async def test_offline_qos1_messages_queued_for_persistent_session(node: Node) -
     for i in range(3):
         await pub.send(Publish("off/t", str(i).encode(), qos=1, packet_id=i + 1))
         assert await pub.recv() == Puback(i + 1)
+    partition = node.router.partition_for_topic("off/t")
+
+    async def log_end() -> int:
+        return (await node.log.high_watermarks([partition]))[partition]
+
+    before = await log_end()
     await pub.send(Publish("off/t", b"q0", qos=0))
-    await asyncio.sleep(0.5)
+
+    async def q0_in_log() -> bool:
+        return await log_end() == before + 1
+
+    await eventually(q0_in_log, what="the QoS 0 message in the log before the client is back")
     back = await RawClient.open(node.config.port)
     await back.send(Connect("offline", clean_session=False))
     assert await back.recv() == Connack(True, 0)

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+import redis.asyncio as aioredis
 
 from frontend.mqtt.packets import (
     Connack,
@@ -29,7 +30,7 @@ from frontend.mqtt.packets import (
 from frontend.node import Node
 from frontend.sessions.manager import SAVE_INTERVAL
 from tests.conftest import free_port
-from tests.e2e.conftest import NodeFactory, launch_node_process
+from tests.e2e.conftest import NodeFactory, eventually, launch_node_process
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.test_cluster import publish_qos1, receive
 
@@ -37,6 +38,42 @@ from tests.e2e.test_cluster import publish_qos1, receive
 @pytest.fixture
 async def nodes(start_node: NodeFactory, redis_url: str, redis_prefix: str) -> list[Node]:
     return [await start_node(redis_url=redis_url, redis_prefix=redis_prefix) for _ in range(3)]
+
+
+class Stored:
+    """What the cluster keeps in Redis, read as the key layout of ``frontend.sessions.redis``
+    documents it: for waiting until a node has stored what a test relies on next."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self.redis = client
+        self.prefix = prefix
+
+    def _session(self, client_id: str) -> str:
+        return f"{self.prefix}{{{client_id}}}:session"
+
+    async def released(self, client_id: str) -> bool:
+        """The session's last connection has let go of it (stored, or forgotten if clean)."""
+        return await self.redis.hget(self._session(client_id), "connected") != b"1"
+
+    async def saved_while_connected(self, client_id: str) -> bool:
+        """A save stored the session while its connection is still open."""
+        present, connected = await self.redis.hmget(
+            self._session(client_id), ["present", "connected"]
+        )
+        return present == b"1" and connected == b"1"
+
+    async def will_dropped(self, node_id: str, client_id: str) -> bool:
+        """The will of ``client_id``'s connection on ``node_id`` is no longer stored."""
+        listed = await self.redis.sismember(f"{self.prefix}{{{node_id}}}:wills", client_id)
+        kept = await self.redis.hexists(self._session(client_id), "will")
+        return not listed and not kept
+
+
+@pytest.fixture
+async def stored(redis_url: str, redis_prefix: str) -> AsyncIterator[Stored]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield Stored(client, redis_prefix)
+    await client.aclose()
 
 
 async def reconnect(port: int, client_id: str, present: bool, **connect: object) -> RawClient:
@@ -91,15 +128,20 @@ async def test_switch_from_replay_to_live_has_no_gap_and_no_duplicate(nodes: lis
     await sub.send(Disconnect())
     pub = await RawClient.connected(n2.config.port, "seq-pub")
     total = 400
+    acked = 0
 
     async def publish_all() -> None:
+        nonlocal acked
         for i in range(total):
             await publish_qos1(pub, "seq/t", [str(i).encode()], first_id=i + 1)
+            acked += 1
             if i % 20 == 0:
                 await asyncio.sleep(0.01)
 
     sender = asyncio.create_task(publish_all())
-    await asyncio.sleep(0.3)  # part of the stream is published while the client is away
+    await eventually(  # part of the stream is published while the client is away
+        lambda: acked >= total // 4, what="a quarter of the stream published"
+    )
     back = await reconnect(n3.config.port, "switcher", present=True)
     got = await receive(back, total, timeout=15)
     await sender
@@ -109,7 +151,9 @@ async def test_switch_from_replay_to_live_has_no_gap_and_no_duplicate(nodes: lis
     await pub.close()
 
 
-async def test_inflight_qos1_resent_with_dup_after_a_move(nodes: list[Node]) -> None:
+async def test_inflight_qos1_resent_with_dup_after_a_move(
+    nodes: list[Node], stored: Stored
+) -> None:
     n1, n2, _ = nodes
     sub = await RawClient.connected(n1.config.port, "unacked", clean_session=False)
     await sub.subscribe(("inflight/t", 1))
@@ -118,7 +162,7 @@ async def test_inflight_qos1_resent_with_dup_after_a_move(nodes: list[Node]) -> 
     first = await sub.recv()
     assert isinstance(first, Publish) and not first.dup
     await sub.close()  # no PUBACK
-    await asyncio.sleep(0.2)
+    await eventually(lambda: stored.released("unacked"), what="n1 to store unacked's session")
     back = await reconnect(n2.config.port, "unacked", present=True)
     again = await back.recv()
     assert again == Publish("inflight/t", b"owed", qos=1, packet_id=first.packet_id, dup=True)
@@ -128,7 +172,7 @@ async def test_inflight_qos1_resent_with_dup_after_a_move(nodes: list[Node]) -> 
     await pub.close()
 
 
-async def test_qos2_inbound_exactly_once_across_a_move(nodes: list[Node]) -> None:
+async def test_qos2_inbound_exactly_once_across_a_move(nodes: list[Node], stored: Stored) -> None:
     n1, n2, n3 = nodes
     watcher = await RawClient.connected(n3.config.port, "q2-watch")
     await watcher.subscribe(("q2/in", 2))
@@ -136,7 +180,7 @@ async def test_qos2_inbound_exactly_once_across_a_move(nodes: list[Node]) -> Non
     await pub.send(Publish("q2/in", b"once", qos=2, packet_id=7))
     assert await pub.recv() == Pubrec(7)
     await pub.close()  # gone before PUBREL
-    await asyncio.sleep(0.2)
+    await eventually(lambda: stored.released("q2-pub"), what="n1 to store q2-pub's session")
     back = await reconnect(n2.config.port, "q2-pub", present=True)
     await back.send(Publish("q2/in", b"once", qos=2, packet_id=7, dup=True))
     assert await back.recv() == Pubrec(7)  # acknowledged, not published again
@@ -152,7 +196,7 @@ async def test_qos2_inbound_exactly_once_across_a_move(nodes: list[Node]) -> Non
     await watcher.close()
 
 
-async def test_qos2_outbound_exactly_once_across_a_move(nodes: list[Node]) -> None:
+async def test_qos2_outbound_exactly_once_across_a_move(nodes: list[Node], stored: Stored) -> None:
     n1, n2, n3 = nodes
     sub = await RawClient.connected(n1.config.port, "q2-out", clean_session=False)
     await sub.subscribe(("q2/out", 2))
@@ -166,7 +210,7 @@ async def test_qos2_outbound_exactly_once_across_a_move(nodes: list[Node]) -> No
     await sub.send(Pubrec(got.packet_id or 0))
     assert await sub.recv() == Pubrel(got.packet_id or 0)
     await sub.close()  # gone before PUBCOMP
-    await asyncio.sleep(0.2)
+    await eventually(lambda: stored.released("q2-out"), what="n1 to store q2-out's session")
     back = await reconnect(n2.config.port, "q2-out", present=True)
     assert await back.recv() == Pubrel(got.packet_id or 0)  # not the PUBLISH again
     await back.send(Pubcomp(got.packet_id or 0))
@@ -244,7 +288,7 @@ async def kill(proc: asyncio.subprocess.Process) -> None:
 
 
 async def test_wills_of_a_killed_node_are_published_once_by_another_node(
-    nodes: list[Node], node_process: NodeProcess, will_watcher: RawClient
+    nodes: list[Node], node_process: NodeProcess, will_watcher: RawClient, stored: Stored
 ) -> None:
     # [MQTT-3.1.2-8]: the connection closed without DISCONNECT, even though its node died with it
     port = free_port()
@@ -255,7 +299,9 @@ async def test_wills_of_a_killed_node_are_published_once_by_another_node(
     await leaver.expect_closed()
     await stayer.send(Pingreq())
     assert await stayer.recv() == Pingresp()
-    await asyncio.sleep(0.5)  # the node drops the leaver's stored will as it releases it
+    await eventually(  # the node drops the leaver's stored will as it releases it
+        lambda: stored.will_dropped("doomed", "leaver"), what="the leaver's will dropped"
+    )
     await kill(proc)
     # The node's alive key expires (5 s), then the next sweep (every 2 s) takes the will.
     will = await next_will(will_watcher, timeout=15)
@@ -265,13 +311,18 @@ async def test_wills_of_a_killed_node_are_published_once_by_another_node(
 
 
 async def test_a_client_back_at_once_after_its_node_died_gets_its_will_out_first(
-    nodes: list[Node], node_process: NodeProcess, will_watcher: RawClient
+    nodes: list[Node], node_process: NodeProcess, will_watcher: RawClient, stored: Stored
 ) -> None:
     port = free_port()
     proc = await node_process("crashing", port)
     will = Will("wills/meter", b"offline", 1)
-    await RawClient.connected(port, "meter", clean_session=False, will=will)
-    await asyncio.sleep(SAVE_INTERVAL + 0.5)  # stored by the node's periodic save
+    # Kept referenced: a dropped RawClient's socket is closed whenever it is garbage-collected,
+    # which would end the session (and publish the will) before the node is killed.
+    meter = await RawClient.connected(port, "meter", clean_session=False, will=will)
+    await eventually(  # stored by the node's periodic save
+        lambda: stored.saved_while_connected("meter"),
+        what=f"the periodic save (every {SAVE_INTERVAL:g} s) to store meter's session",
+    )
     await kill(proc)
     # Its node still looks alive: n1 asks it to let go, gets no answer, takes it by force.
     back = await reconnect(nodes[0].config.port, "meter", present=True)
@@ -280,6 +331,7 @@ async def test_a_client_back_at_once_after_its_node_died_gets_its_will_out_first
     assert got == [b"offline", b"online"]  # the old connection's will, then the new one's news
     await will_watcher.expect_silence(8.0)  # past the dead node's expiry and a sweep: once only
     await back.close()
+    await meter.close()
 
 
 async def test_a_node_restarted_under_its_id_publishes_the_wills_it_left(
@@ -287,7 +339,8 @@ async def test_a_node_restarted_under_its_id_publishes_the_wills_it_left(
 ) -> None:
     port = free_port()
     proc = await node_process("phoenix", port)
-    await RawClient.connected(port, "sensor", will=Will("wills/sensor", b"offline", 1))
+    # Kept referenced: a collected client would close its socket and its node publish the will.
+    sensor = await RawClient.connected(port, "sensor", will=Will("wills/sensor", b"offline", 1))
     await kill(proc)
     # Back before its alive key expired: no other node sweeps it, the new process does.
     await node_process("phoenix", port)
@@ -295,6 +348,7 @@ async def test_a_node_restarted_under_its_id_publishes_the_wills_it_left(
     await will_watcher.expect_silence(7.0)  # past the expiry and a sweep: not published again
     back = await RawClient.connected(port, "sensor")  # the stale session is no obstacle
     await back.close()
+    await sensor.close()
 
 
 async def test_racing_connects_end_with_one_owner(nodes: list[Node]) -> None:
@@ -308,7 +362,13 @@ async def test_racing_connects_end_with_one_owner(nodes: list[Node]) -> None:
         return client
 
     clients = [c for c in await asyncio.gather(*(attempt(n) for n in nodes)) if c is not None]
-    await asyncio.sleep(2.0)
+
+    def racer_connections() -> int:
+        return sum(c.channel.client_id == "racer" for n in nodes for c in n.connections)
+
+    await eventually(  # the race is over: the losers' connections are closed
+        lambda: racer_connections() == 1, what="one connection of racer left in the cluster"
+    )
     alive = []
     for client in clients:
         try:
@@ -350,7 +410,9 @@ async def test_retained_set_replace_clear_seen_from_every_node(nodes: list[Node]
     await b.close()
 
 
-async def test_clean_session_wipes_an_earlier_session_cluster_wide(nodes: list[Node]) -> None:
+async def test_clean_session_wipes_an_earlier_session_cluster_wide(
+    nodes: list[Node], stored: Stored
+) -> None:
     n1, n2, n3 = nodes
     sub = await RawClient.connected(n1.config.port, "wiped", clean_session=False)
     await sub.subscribe(("wipe/t", 1))
@@ -359,7 +421,7 @@ async def test_clean_session_wipes_an_earlier_session_cluster_wide(nodes: list[N
     await clean.send(Connect("wiped", clean_session=True))
     assert await clean.recv() == Connack(False, 0)  # [MQTT-3.2.2-1]
     await clean.send(Disconnect())
-    await asyncio.sleep(0.2)
+    await eventually(lambda: stored.released("wiped"), what="n2 to forget wiped's session")
     again = await reconnect(n3.config.port, "wiped", present=False)  # [MQTT-3.1.2-6]
     pub = await RawClient.connected(n1.config.port, "wipe-pub")
     await publish_qos1(pub, "wipe/t", [b"nobody"])

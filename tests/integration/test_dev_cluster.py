@@ -26,6 +26,8 @@ from headwater.devcluster.up import READY_LINE, DevCluster, UpOptions, run_up
 from headwater.errors import ServiceError
 from headwater.services.ports import port_accepts
 from headwater.services.process import ChildProcess, ProcessIdentity
+from headwater.services.readiness import wait_until
+from headwater.stats import fetch, stats_urls
 from tests.conftest import free_port
 
 HEADWATER = [sys.executable, "-m", "headwater"]
@@ -129,7 +131,15 @@ def test_dev_up_with_nodes_serves_mosquitto_clients_through_haproxy(
              "-C", "3", "-v", "-W", "30"],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
-        time.sleep(1.0)  # mosquitto_sub has no "subscribed" signal; give it its SUBACK
+
+        def subscribed() -> bool:
+            """mosquitto_sub has no "subscribed" signal: its node reads the log for it once the
+            subscription is registered (before the SUBACK)."""
+            assert sub.poll() is None, "mosquitto_sub exited"
+            urls = stats_urls(cluster.state_dir)
+            return any(fetch(url)["assigned_partitions"] for url in urls)
+
+        wait_until(subscribed, what="mosquitto_sub's subscription", timeout=30, interval=0.02)
         for i in range(3):
             pub = ["mosquitto_pub", "-h", "127.0.0.1", "-p", port, "-q", "1"]
             subprocess.run([*pub, "-t", f"demo/x/{i}", "-m", f"hello {i}"], check=True, timeout=30)
