@@ -7,7 +7,7 @@ packets back until it is done: packets of one connection are never handled concu
 is never a task per packet.
 
 The connection is handed what it uses at construction (:class:`Services`): the session manager,
-the dispatcher, the log (through ``frontend.publishing``), the retained store, authentication.
+the dispatcher, the log (through ``frontend.publishing``), authentication.
 Kafka and Redis failures become wire behaviour in ``frontend.outages`` only.
 
 Writes are coalesced: everything sent during one loop iteration goes out in one ``write``.
@@ -39,7 +39,6 @@ from frontend.mqtt.message import MessageStamps
 from frontend.mqtt.packets import ConnackCode, Packet, Pubrel
 from frontend.mqtt.session import Outbound
 from frontend.publishing import Log, Publishing
-from frontend.retained import RetainedStore
 from frontend.sessions.manager import Owned, SessionManager
 from router.dispatch import Dispatcher
 
@@ -63,7 +62,6 @@ class Services:
     connect_timeout: float
     auth: Authenticator
     log: Log
-    retained: RetainedStore
     sessions: SessionManager
     dispatcher: Dispatcher
     connections: set[MqttConnection] = field(default_factory=set)
@@ -138,9 +136,8 @@ class MqttConnection(asyncio.Protocol):
         self.channel = ch.Channel(services.stamps, services.limits)
         self.decoder = Decoder(services.max_packet_size)
         self.publishing = Publishing(
-            self.channel, services.log, services.retained, services.sessions, self._run,
-            self.deliver,
-        )  # fmt: skip
+            self.channel, services.log, services.sessions, self._run, self.deliver
+        )
         self.publishing.on_unblocked = self._update_reading
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -180,9 +177,6 @@ class MqttConnection(asyncio.Protocol):
             self._fail(error)
             return
         self._drain()
-
-    def eof_received(self) -> bool:
-        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"socket error: {exc}" if exc else "connection closed by the client"
@@ -348,8 +342,8 @@ class MqttConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.keep_alive(self.channel.keep_alive)
         if stored is not None and stored.subscriptions:
-            resume = services.sessions.resume(self.owned, stored)
-            self._background(resume, "resuming the session")
+            task = self._loop.create_task(services.sessions.resume(self.owned, stored))
+            task.add_done_callback(self._resumed)
 
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
         assert self.owned is not None
@@ -363,7 +357,14 @@ class MqttConnection(asyncio.Protocol):
             self._run(outages.subscribe_failed(self.channel, action, exc))
             return
         self._run(self.channel.subscribed(action))
-        await sessions.subscribed(self.owned, action.granted, new, starts)
+        try:
+            await sessions.subscribed(self.owned, action.granted, new, starts)
+        except outages.STORE_ERRORS as exc:
+            self._run(outages.retained_unavailable(self.channel, exc))
+
+    def _resumed(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._run(outages.catch_up_failed(self.channel, error))
 
     # -- packets out --------------------------------------------------------------------------
 

@@ -78,7 +78,6 @@ class Node:
             config.connect_timeout,
             auth or load_authenticator(config.password_file),
             self.log,
-            self.sessions.retained,
             self.sessions,
             self.dispatcher,
         )
@@ -132,9 +131,7 @@ class Node:
         store = RedisSessionStore(client, prefix)
         sessions = self.sessions
         sessions.store = store
-        sessions.retained = self.services.retained = RedisRetainedStore(
-            client, self.config.routing_depth, prefix
-        )
+        sessions.retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
         sessions.coordinator = Coordinator(
             store, self.config.node_id, self.dispatcher.take_over, sessions.publish_orphaned_wills
         )

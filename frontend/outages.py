@@ -15,6 +15,10 @@ QoS 2 persistent       or the QoS 2 packet id after the write
 SUBSCRIBE              Kafka cannot say where partitions end       SUBACK 0x80 for every filter
 SUBSCRIBE, persistent  Redis error storing the subscription        no SUBACK; close (the client
                                                                    subscribes again on reconnect)
+after SUBACK           Redis error reading retained messages       close (they come with the next
+                                                                   SUBSCRIBE)
+resumed session        the log unreadable while catching up        close; the stored positions stay,
+                                                                   the next connection catches up
 session save, release  Redis error                                 nothing; logged, the next save
                                                                    retries
 =====================  ==========================================  =================================
@@ -91,6 +95,17 @@ def subscription_not_stored(channel: ch.Channel, exc: Exception) -> list[ch.Acti
         "client %s: subscription not stored (%s); closing without SUBACK", channel.client_id, exc
     )
     return channel.connection_lost("session store unavailable")
+
+
+def retained_unavailable(channel: ch.Channel, exc: Exception) -> list[ch.Action]:
+    log.error("client %s: retained messages unreadable (%s); closing", channel.client_id, exc)
+    return channel.connection_lost("retained store unavailable")
+
+
+def catch_up_failed(channel: ch.Channel, exc: BaseException) -> list[ch.Action]:
+    """The missed messages could not be read: close rather than go live past them."""
+    log.error("client %s: catching up failed (%r); closing", channel.client_id, exc)
+    return channel.connection_lost("catching up failed")
 
 
 def background_failed(client_id: str, what: str, exc: BaseException) -> None:

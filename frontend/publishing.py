@@ -22,7 +22,6 @@ from frontend import outages
 from frontend.mqtt import channel as ch
 from frontend.mqtt.message import Message
 from frontend.mqtt.session import Outbound
-from frontend.retained import RetainedStore
 from frontend.sessions.manager import Owned, SessionManager
 
 log = logging.getLogger("headwater.publishing")
@@ -47,14 +46,12 @@ class Publishing:
         self,
         channel: ch.Channel,
         log_: Log,
-        retained: RetainedStore,
         sessions: SessionManager,
         run: Callable[[list[ch.Action]], None],
         deliver: Callable[[Outbound], None],
     ) -> None:
         self.channel = channel
         self.log = log_
-        self.retained = retained
         self.sessions = sessions
         self.owned: Owned | None = None
         self._run = run
@@ -126,7 +123,7 @@ class Publishing:
         persistent session the QoS 2 packet id awaiting PUBREL (so a move cannot repeat it)."""
         try:
             if message.retain:
-                await self.retained.apply(message, partition, offset)
+                await self.sessions.retained.apply(message, partition, offset)
             packet_id = self._qos2_ids.pop(ticket, None) if ticket is not None else None
             if packet_id is not None and self.owned is not None:
                 await self.sessions.mark_received(self.owned, packet_id)

@@ -55,8 +55,8 @@ def consumer_config() -> dict[str, Any]:
 class _Offsets:
     """Per partition: offsets handed out but not finished; what may be committed.
 
-    Used from the event loop (start, finish, skip) and the consumer thread (due, committed,
-    forget on revocation), hence the lock."""
+    Used from the event loop and, when the group is left, from the executor thread that closes
+    the consumer (its revocation callback commits and forgets), hence the lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

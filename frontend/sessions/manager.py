@@ -160,16 +160,17 @@ class SessionManager:
 
     async def resume(self, owned: Owned, stored: StoredSession) -> None:
         """Subscribe again, replay what was missed from the log, then go live at the offsets
-        where the replay ended: no gap and no duplicate at the switch."""
+        where the replay ended: no gap and no duplicate at the switch.  Raises if the catch-up
+        fails (the log unreadable): the caller closes the connection."""
         owned.replaying = stored
         dispatcher = self.dispatcher
         session = owned.session
         starts, new = await dispatcher.subscribe(session, list(stored.subscriptions.items()))
-        try:
-            await dispatcher.replay(session, stored.positions, starts)
-        finally:
-            dispatcher.activate(session, new)
-            owned.replaying = None
+        await dispatcher.replay(session, stored.positions, starts)
+        # Only now: if the catch-up failed, what is saved is still where the session resumed
+        # from, so the connection's close loses nothing and the next one catches up again.
+        dispatcher.activate(session, new)
+        owned.replaying = None
 
     # -- subscriptions ------------------------------------------------------------------------
 

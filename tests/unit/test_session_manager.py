@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from frontend.mqtt.channel import Limits
 from frontend.mqtt.session import Session
 from frontend.retained import MemoryRetainedStore
@@ -124,3 +126,23 @@ async def test_orphaned_wills_are_published_through_the_log_and_counted() -> Non
     (published,) = log.produced
     assert (published.topic, published.payload, published.qos) == ("wills/dev", b"gone", 1)
     assert sessions.orphaned_wills_published == 1 and sessions.wills_published == 1
+
+
+async def test_a_failed_catch_up_keeps_the_positions_it_resumed_from() -> None:
+    p = ROUTER.route("a/1")[0]
+    log = FakeLog({p: [message("a/1") for _ in range(5)]})
+    sessions = manager(log)
+    owned = await connect(sessions, "dev")
+    await sessions.dispatcher.subscribe(owned.session, [("a/#", 1)])
+    stored = sessions.snapshot(owned)
+    stored.positions = {p: 1}
+    await released(sessions, owned)
+    owned = await connect(sessions, "dev")
+
+    async def unreadable(*_: object) -> None:
+        raise TimeoutError("catch-up made no progress")
+
+    log.reader.replay = unreadable  # type: ignore[method-assign]
+    with pytest.raises(TimeoutError):
+        await sessions.resume(owned, stored)
+    assert sessions.snapshot(owned).positions == {p: 1}  # what the close will store
