@@ -11,9 +11,10 @@ with the QoS of :func:`delivery_qos`:
 * **retained**: after a SUBACK, the retained messages its filters match [MQTT-3.3.1-6], RETAIN=1;
 * **shared**: a record of a share group this node holds the partition of, to one member.
 
-Each record reaches a client once, at the highest QoS its matching subscriptions granted, capped
-by the message's own [MQTT-3.3.5-1].  The PUBLISH bytes are encoded once per record and QoS and
-shared by every subscriber.  Every message a session's bound drops is counted.
+Each record reaches a client once, at the highest QoS its matching subscriptions granted (the
+index's match returns each client once with that), capped by the message's own [MQTT-3.3.5-1].
+The PUBLISH bytes are encoded once per record and QoS and shared by every subscriber.  Every
+message a session's bound drops is counted.
 """
 
 from __future__ import annotations
@@ -36,11 +37,18 @@ from router.subscriptions import Subscriptions
 log = logging.getLogger("headwater.dispatch")
 
 
-def delivery_qos(granted: Iterable[int], message_qos: int) -> int | None:
-    """The QoS a client gets a message at: the highest its matching subscriptions granted,
-    capped by the message's [MQTT-3.3.5-1]; None if no subscription matches."""
-    best = max(granted, default=None)
-    return None if best is None else min(best, message_qos)
+def delivery_qos(granted: int, message_qos: int) -> int:
+    """The QoS a client gets a message at: the highest QoS its matching subscriptions granted
+    (``granted``), capped by the message's own [MQTT-3.3.5-1]."""
+    return granted if granted < message_qos else message_qos
+
+
+def template_for(message: Message, qos: int, cache: dict[int, PublishTemplate]) -> PublishTemplate:
+    """The PUBLISH of ``message`` at ``qos``, encoded once per record and QoS (``cache``)."""
+    template = cache.get(qos)
+    if template is None:
+        template = cache[qos] = PublishTemplate(message.topic, message.payload, qos)
+    return template
 
 
 class Subscriber(Protocol):
@@ -66,23 +74,6 @@ class Counters:
 class _Client:
     session: Session
     subscriber: Subscriber
-
-
-class _Templates:
-    """The PUBLISH of one message at each QoS, encoded once."""
-
-    __slots__ = ("_by_qos", "message")
-
-    def __init__(self, message: Message) -> None:
-        self.message = message
-        self._by_qos: dict[int, PublishTemplate] = {}
-
-    def at(self, qos: int) -> PublishTemplate:
-        template = self._by_qos.get(qos)
-        if template is None:
-            message = self.message
-            template = self._by_qos[qos] = PublishTemplate(message.topic, message.payload, qos)
-        return template
 
 
 class Dispatcher:
@@ -179,15 +170,14 @@ class Dispatcher:
         targets = self.subscriptions.match(rec)
         if not targets:
             return
-        templates = _Templates(rec.message)
+        message = rec.message
+        cache: dict[int, PublishTemplate] = {}
         for client_id, granted in targets.items():
             client = self._clients.get(client_id)
-            qos = delivery_qos(granted, rec.message.qos)
-            if client is not None and qos is not None:
-                template = templates.at(qos)
-                out = Outbound(
-                    rec.message, qos, False, template, 0, False, rec.partition, rec.offset
-                )
+            if client is not None:
+                qos = delivery_qos(granted, message.qos)
+                template = template_for(message, qos, cache)
+                out = Outbound(message, qos, False, template, 0, False, rec.partition, rec.offset)
                 self._deliver(client, out)
 
     def _deliver(self, client: _Client, out: Outbound) -> None:
@@ -213,20 +203,20 @@ class Dispatcher:
         if client is None:
             return
         fresh = set(new)
-        granted: dict[str, list[int]] = {}
+        granted: dict[str, int] = {}
         records: dict[str, Record] = {}
         for topic_filter, matched in found.items():
+            qos = session.subscriptions.get(topic_filter, 0)
             for rec in matched:
                 if topic_filter in fresh and rec.offset >= starts.get(rec.partition, 0):
                     continue
-                granted.setdefault(rec.message.topic, []).append(
-                    session.subscriptions.get(topic_filter, 0)
-                )
-                records[rec.message.topic] = rec
+                topic = rec.message.topic
+                granted[topic] = max(qos, granted.get(topic, 0))
+                records[topic] = rec
         for rec in sorted(records.values(), key=lambda r: (r.partition, r.offset)):
             qos = delivery_qos(granted[rec.message.topic], rec.message.qos)
-            assert qos is not None
-            self._deliver(client, Outbound(rec.message, qos, True, _Templates(rec.message).at(qos)))
+            template = template_for(rec.message, qos, {})
+            self._deliver(client, Outbound(rec.message, qos, True, template))
 
     # -- catch-up -----------------------------------------------------------------------------
 
@@ -249,13 +239,14 @@ class Dispatcher:
                 return True  # gone: the rest is read and ignored, the stored positions stay
             if (rec.partition, rec.offset) in resent:
                 return True
-            granted = [q for f, q in filters.items() if topics.matches(f, rec.message.topic)]
+            topic = rec.message.topic
+            granted = max((q for f, q in filters.items() if topics.matches(f, topic)), default=0)
             qos = delivery_qos(granted, rec.message.qos)
             if not qos:
-                return True  # QoS 0 is not kept for a client that was away
+                return True  # QoS 0 is not kept for a client that was away (nor unmatched)
             if not session.has_room():
                 return False
-            template = _Templates(rec.message).at(qos)
+            template = template_for(rec.message, qos, {})
             out = Outbound(rec.message, qos, False, template, 0, False, rec.partition, rec.offset)
             self._deliver(client, out)
             delivered += 1
@@ -306,9 +297,8 @@ class Dispatcher:
         client = self._clients.get(member) if member is not None else None
         if member is None or client is None:
             return  # nobody left here: stays uncommitted for the partition's next owner
-        qos = delivery_qos([group.members[member]], rec.message.qos)
-        assert qos is not None
-        out = Outbound(rec.message, qos, False, _Templates(rec.message).at(qos))
+        qos = delivery_qos(group.members[member], rec.message.qos)
+        out = Outbound(rec.message, qos, False, template_for(rec.message, qos, {}))
         out.on_done = lambda: group.finished(rec)
         out.redeliver = lambda: self._share(group, rec, skip=member)
         self._deliver(client, out)

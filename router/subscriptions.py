@@ -110,19 +110,20 @@ class Subscriptions:
 
     # -- matching -----------------------------------------------------------------------------
 
-    def match(self, rec: Record) -> dict[str, list[int]]:
-        """Per client, the QoS granted by each of its subscriptions that may see ``rec`` now;
+    def match(self, rec: Record) -> dict[str, int]:
+        """Per client, the highest QoS granted by its subscriptions that may see ``rec`` now;
         records for pending subscriptions are buffered for :meth:`activate` instead."""
-        targets: dict[str, list[int]] = {}
+        targets: dict[str, int] = {}
+        pending = self._pending
         for key, qos in self._trie.match(rec.message.topic).items():
-            pending = self._pending.get(key)
-            if pending is not None:
-                pending.append(rec)
+            if pending and key in pending:
+                pending[key].append(rec)
                 continue
             start = self._starts.get(key)
             if start is not None and rec.offset < start.get(rec.partition, 0):
                 continue
-            targets.setdefault(key[0], []).append(qos)
+            if qos > targets.get(key[0], -1):
+                targets[key[0]] = qos
         return targets
 
     def positions_for(self, session: Session) -> dict[int, int]:
