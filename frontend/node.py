@@ -130,12 +130,12 @@ class Node:
         prefix = self.config.redis_prefix
         store = RedisSessionStore(client, prefix)
         sessions = self.sessions
-        sessions.store = store
-        sessions.retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
-        sessions.coordinator = Coordinator(
+        coordinator = Coordinator(
             store, self.config.node_id, self.dispatcher.take_over, sessions.publish_orphaned_wills
         )
-        await sessions.coordinator.start()
+        retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
+        sessions.join_cluster(store, retained, coordinator)
+        await coordinator.start()
         self._redis = client
 
     def stats(self) -> dict[str, Any]:

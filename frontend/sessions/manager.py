@@ -87,6 +87,13 @@ class SessionManager:
         self._releasing: dict[str, asyncio.Task[None]] = {}
         self._saver: asyncio.Task[None] | None = None
 
+    def join_cluster(
+        self, store: SessionStore, retained: RetainedStore, coordinator: Coordinator
+    ) -> None:
+        """Keep sessions and retained messages in the cluster's stores from now on (called
+        before the node serves anyone), and take sessions over through ``coordinator``."""
+        self.store, self.retained, self.coordinator = store, retained, coordinator
+
     def start(self) -> None:
         self._saver = asyncio.get_running_loop().create_task(self._save_periodically())
 

@@ -7,7 +7,7 @@ that only grows: a node that lost a session can never write it again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from frontend.mqtt.session import StoredSession
@@ -62,17 +62,22 @@ class SessionStore(Protocol):
         """Let go: keep ``state`` for the next connection, or forget the session (None)."""
 
     async def mark_received(self, lease: Lease, packet_id: int) -> None:
-        """Record an inbound QoS 2 packet id awaiting PUBREL, before PUBREC is sent."""
+        """Record an inbound QoS 2 packet id awaiting PUBREL, before PUBREC is sent.  The marks
+        are what ``acquire`` returns as ``awaiting_rel``; a saved state's own list is not."""
 
     async def unmark_received(self, lease: Lease, packet_id: int) -> None:
         """The PUBREL for ``packet_id`` arrived."""
 
 
 class MemorySessionStore:
-    """Sessions kept in this process: the single-node store (and the unit tests')."""
+    """Sessions kept in this process: the single-node store (and the unit tests').
+
+    As in Redis, the QoS 2 marks are kept apart from the saved state: they are the record of
+    which inbound packet ids await PUBREL, whatever a save or release carries."""
 
     def __init__(self) -> None:
         self._states: dict[str, StoredSession] = {}
+        self._marks: dict[str, set[int]] = {}
         self._owners: dict[str, tuple[str, int]] = {}
         self._tokens: dict[str, int] = {}
 
@@ -86,14 +91,22 @@ class MemorySessionStore:
         self._tokens[client_id] = token
         self._owners[client_id] = (node_id, token)
         if clean:
-            self._states.pop(client_id, None)
-        return Acquired(Lease(client_id, node_id, token), self._states.get(client_id))
+            self._forget(client_id)
+        state = self._states.get(client_id)
+        if state is not None:
+            marks = sorted(self._marks.get(client_id, ()))
+            state = replace(state, awaiting_rel=marks)
+        return Acquired(Lease(client_id, node_id, token), state)
 
     async def keep_will(self, lease: Lease, will: bytes) -> None:
         """Nothing to do: in one process a will dies with the node that would publish it."""
 
     def _current(self, lease: Lease) -> bool:
         return self._tokens.get(lease.client_id) == lease.token
+
+    def _forget(self, client_id: str) -> None:
+        self._states.pop(client_id, None)
+        self._marks.pop(client_id, None)
 
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         if not self._current(lease):
@@ -106,16 +119,14 @@ class MemorySessionStore:
             return
         self._owners.pop(lease.client_id, None)
         if state is None:
-            self._states.pop(lease.client_id, None)
+            self._forget(lease.client_id)
         else:
             self._states[lease.client_id] = state
 
     async def mark_received(self, lease: Lease, packet_id: int) -> None:
-        state = self._states.get(lease.client_id)
-        if self._current(lease) and state is not None and packet_id not in state.awaiting_rel:
-            state.awaiting_rel.append(packet_id)
+        if self._current(lease):
+            self._marks.setdefault(lease.client_id, set()).add(packet_id)
 
     async def unmark_received(self, lease: Lease, packet_id: int) -> None:
-        state = self._states.get(lease.client_id)
-        if self._current(lease) and state is not None and packet_id in state.awaiting_rel:
-            state.awaiting_rel.remove(packet_id)
+        if self._current(lease):
+            self._marks.get(lease.client_id, set()).discard(packet_id)

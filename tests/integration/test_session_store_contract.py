@@ -10,8 +10,8 @@ What differs by design is tested apart, on Redis only, below the contract: an ow
 is dead does not hold its session, and a will kept there is handed to the next owner.  The
 memory store has neither: one process dies with its sessions and their wills.
 
-The state written and read back agrees with its marks (``awaiting_rel`` holds exactly the ids
-marked), as the connection keeps them: the stores disagree when they do not (see the report).
+The QoS 2 marks (``mark_received``/``unmark_received``) are the record of which inbound packet
+ids await PUBREL: ``acquire`` returns them as ``awaiting_rel``, whatever a save or release carried.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ async def acquired(
 
 
 async def saved_with_marks(store: SessionStore, lease: Lease, state: StoredSession) -> None:
-    """Save ``state`` and mark its QoS 2 ids, as a connection does (memory marks saved state)."""
+    """Save ``state`` and mark its QoS 2 ids, as a connection does."""
     assert await store.save(lease, state)
     for packet_id in state.awaiting_rel:
         await store.mark_received(lease, packet_id)
@@ -249,3 +249,15 @@ async def test_redis_a_stale_lease_keeps_no_will(redis_store: RedisSessionStore)
     await redis_store.keep_will(stale, b"old will")
     assert (await acquired(redis_store, "node-c", force=True)).orphaned_will is None
     assert await redis_store.claim_wills("node-a", only_if_dead=True) == []
+
+
+async def test_the_marks_not_the_saved_list_say_what_awaits_pubrel(store: SessionStore) -> None:
+    first = await acquired(store, "node-a")
+    await store.mark_received(first.lease, 5)  # before any save
+    await store.release(first.lease, stored(awaiting_rel=(4,)))  # a list that disagrees
+    again = await acquired(store, "node-b")
+    assert again.state is not None and again.state.awaiting_rel == [5]
+    await store.unmark_received(again.lease, 5)
+    await store.release(again.lease, stored(awaiting_rel=(5,)))
+    last = await acquired(store, "node-a")
+    assert last.state is not None and last.state.awaiting_rel == []
