@@ -256,8 +256,7 @@ class MqttConnection(asyncio.Protocol):
         self._update_reading()
 
     def _background(self, work: Coroutine[Any, Any, None], what: str) -> None:
-        task = self._loop.create_task(work)
-        task.add_done_callback(lambda t: _report(t, self.channel.client_id, what))
+        outages.in_background(work, self.channel.client_id, what)
 
     def _fail(self, error: ProtocolError) -> None:
         if self._closed:
@@ -380,11 +379,6 @@ class MqttConnection(asyncio.Protocol):
         self._closed = True
         if self.transport is not None:
             self.transport.close()
-
-
-def _report(task: asyncio.Task[None], client_id: str, what: str) -> None:
-    if not task.cancelled() and (error := task.exception()) is not None:
-        outages.background_failed(client_id, what, error)
 
 
 __all__ = ["MqttConnection", "Services"]

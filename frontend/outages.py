@@ -26,7 +26,11 @@ session save, release  Redis error                                 nothing; logg
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from confluent_kafka import KafkaException
 from redis.exceptions import RedisError
@@ -108,6 +112,13 @@ def catch_up_failed(channel: ch.Channel, exc: BaseException) -> list[ch.Action]:
     return channel.connection_lost("catching up failed")
 
 
-def background_failed(client_id: str, what: str, exc: BaseException) -> None:
-    """Work with no reply on the wire (a session save, a QoS 2 unmark): logged only."""
-    log.warning("client %s: %s failed: %r", client_id or "-", what, exc)
+def in_background(work: Coroutine[Any, Any, None], client_id: str, what: str) -> None:
+    """Run work with no reply on the wire (a session save, a QoS 2 unmark, storing before an
+    acknowledgement): a failure it does not handle itself is logged, nothing more."""
+    task = asyncio.get_running_loop().create_task(work)
+    task.add_done_callback(functools.partial(_report, client_id=client_id, what=what))
+
+
+def _report(task: asyncio.Task[None], client_id: str, what: str) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.warning("client %s: %s failed: %r", client_id or "-", what, error)

@@ -12,21 +12,16 @@ comes back from the log before its acknowledgement went out waits, so the PUBACK
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections import deque
-from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from frontend import outages
 from frontend.mqtt import channel as ch
 from frontend.mqtt.message import Message
 from frontend.mqtt.session import Outbound
 from frontend.sessions.manager import Owned, SessionManager
-
-log = logging.getLogger("headwater.publishing")
-
-DeliveryCallback = Callable[[int, int, str | None], None]
+from router.log import DeliveryCallback
 
 
 class Log(Protocol):
@@ -112,7 +107,8 @@ class Publishing:
             return
         persistent = self.owned is not None and self.owned.persistent
         if message.retain or (message.qos == 2 and persistent):
-            self._background(self._store_then_acknowledge(ticket, message, partition, offset))
+            work = self._store_then_acknowledge(ticket, message, partition, offset)
+            outages.in_background(work, self.channel.client_id, "storing before acknowledging")
         elif ticket is not None:
             self._acknowledge(ticket)
 
@@ -139,12 +135,3 @@ class Publishing:
         for out in self.take_deferred():
             self._deliver(out)
         self.on_unblocked()
-
-    def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        task.add_done_callback(_log_failure)
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("background work failed: %r", task.exception())

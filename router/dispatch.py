@@ -112,12 +112,14 @@ class Dispatcher:
 
     def _forget(self, client: _Client) -> None:
         session = client.session
-        plain = [f for f in session.subscriptions if topics.parse_shared(f) is None]
-        self.subscriptions.forget(session.client_id, plain)
+        plain: list[str] = []
         for topic_filter in session.subscriptions:
             shared = topics.parse_shared(topic_filter)
-            if shared is not None:
+            if shared is None:
+                plain.append(topic_filter)
+            else:
                 self._leave_share(shared, session.client_id)
+        self.subscriptions.forget(session.client_id, plain)
         for out in session.unfinished():  # unacknowledged shared messages go to another member
             if out.redeliver is not None:
                 out.redeliver()

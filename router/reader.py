@@ -34,24 +34,6 @@ from router.shared import ShareGroup
 log = logging.getLogger("headwater.log")
 
 
-def decode_batch(raw: list[Any], on_bad: Callable[[Any, Exception], None]) -> list[Record]:
-    """The records of a fetched batch; fetch errors and undecodable values go to ``on_bad``."""
-    batch: list[Record] = []
-    for msg in raw:
-        error = msg.error()
-        if error is not None:
-            on_bad(msg, KafkaException(error))
-            continue
-        value = msg.value()
-        try:
-            message = record.decode(value)
-        except record.RecordError as exc:
-            on_bad(msg, exc)
-            continue
-        batch.append(Record(msg.partition(), msg.offset(), len(value), message))
-    return batch
-
-
 class LogReader:
     """The live consumer, the catch-up consumer and the share groups' consumers of one node."""
 
@@ -78,9 +60,10 @@ class LogReader:
             self.forget(group)
         if self._leaving:
             await asyncio.gather(*self._leaving, return_exceptions=True)
+        loop = asyncio.get_running_loop()
         for consumer in (self._live, self.catch_up.consumer if self.catch_up else None):
-            if consumer is not None:
-                consumer.close()
+            if consumer is not None:  # closing leaves the broker politely: not on the loop
+                await loop.run_in_executor(None, consumer.close)
         self._live = None
         self.catch_up = None
 
@@ -169,17 +152,24 @@ class LogReader:
             task.add_done_callback(self._leaving.discard)
 
     def _decode(self, raw: list[Any]) -> list[Record]:
-        undecodable = self.undecodable
-        batch = decode_batch(raw, self._count_bad)
-        self.fetched_records += len(batch) + self.undecodable - undecodable
-        self.fetched_bytes += sum(r.size for r in batch)
+        """The records of a fetched batch, counted; fetch errors and undecodable values are
+        logged and skipped."""
+        batch: list[Record] = []
+        for msg in raw:
+            error = msg.error()
+            if error is not None:
+                log.warning("fetch error: %s", error.str())
+                continue
+            value = msg.value()
+            self.fetched_records += 1
+            self.fetched_bytes += len(value)
+            try:
+                message = record.decode(value)
+            except record.RecordError as exc:
+                self.undecodable += 1
+                log.warning(
+                    "skipping undecodable record at %s/%s: %s", msg.partition(), msg.offset(), exc
+                )
+                continue
+            batch.append(Record(msg.partition(), msg.offset(), len(value), message))
         return batch
-
-    def _count_bad(self, msg: Any, error: Exception) -> None:
-        if isinstance(error, record.RecordError):
-            self.undecodable += 1
-            log.warning(
-                "skipping undecodable record at %s/%s: %s", msg.partition(), msg.offset(), error
-            )
-        else:
-            log.warning("fetch error: %s", error)
