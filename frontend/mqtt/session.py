@@ -92,6 +92,13 @@ class StoredSession:
     inflight: list[StoredOutbound]
     awaiting_rel: list[int]
     last_id: int = 0
+    live_on: str = ""
+    """While the session is live on a node: that node's id.  ``positions`` are then a lower
+    bound, and the node's delivery checkpoint (numbered after ``live_since``) may be a later
+    one; empty once the session was released with exact positions."""
+    live_since: int = 0
+    """The sequence number of ``live_on``'s last checkpoint when the session went live there:
+    only a checkpoint numbered above it covers this session."""
 
 
 class Session:

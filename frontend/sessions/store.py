@@ -7,6 +7,7 @@ that only grows: a node that lost a session can never write it again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -58,8 +59,21 @@ class SessionStore(Protocol):
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         """Store ``state``; False if the lease is no longer current."""
 
+    async def save_many(self, saves: Sequence[tuple[Lease, StoredSession]]) -> list[bool]:
+        """Store several sessions in one round trip; per session, False if its lease is no
+        longer current."""
+
     async def release(self, lease: Lease, state: StoredSession | None) -> None:
-        """Let go: keep ``state`` for the next connection, or forget the session (None)."""
+        """Let go: keep ``state`` for the next connection (until the session expiry), or
+        forget the session (None)."""
+
+    async def checkpoint(self, node_id: str, seq: int, positions: dict[int, int]) -> None:
+        """Store ``node_id``'s delivery checkpoint number ``seq`` (numbers only grow): per
+        partition, an offset at or below the next undelivered one of every session live on
+        that node when it was taken."""
+
+    async def read_checkpoint(self, node_id: str) -> tuple[int, dict[int, int]]:
+        """``node_id``'s last checkpoint: its number and positions; (0, {}) if none."""
 
     async def mark_received(self, lease: Lease, packet_id: int) -> None:
         """Record an inbound QoS 2 packet id awaiting PUBREL, before PUBREC is sent.  The marks
