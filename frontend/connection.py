@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-import time
-from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from frontend import outages
 from frontend.auth import Authenticator
+from frontend.deadlines import Deadlines
 from frontend.mqtt import channel as ch
 from frontend.mqtt.codec import Decoder
 from frontend.mqtt.errors import ProtocolError
@@ -64,6 +62,7 @@ class Services:
     log: Log
     sessions: SessionManager
     dispatcher: Dispatcher
+    deadlines: Deadlines = field(default_factory=Deadlines)
     connections: set[MqttConnection] = field(default_factory=set)
     protocol_errors: int = 0
 
@@ -71,13 +70,15 @@ class Services:
 class _Output:
     """Coalesced writes: everything sent during one loop iteration goes out in one ``write``."""
 
-    __slots__ = ("_chunks", "_loop", "_scheduled", "transport")
+    __slots__ = ("_chunks", "_loop", "_scheduled", "paused", "transport")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._chunks: list[bytes] = []
         self._scheduled = False
         self.transport: asyncio.Transport | None = None
+        self.paused = False
+        """The transport asked us to stop writing: messages wait in the session's queue."""
 
     def write(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -93,63 +94,71 @@ class _Output:
         self._chunks.clear()
 
 
-class _Timer:
-    """A connection's one timer: the CONNECT deadline, then the keep-alive [MQTT-3.1.2-24]:
-    ``expired`` is called after the connect timeout, or after 1.5 x keep-alive with nothing
-    received.  Rescheduled only when it fires, never per packet."""
+def _who(channel: ch.Channel, transport: asyncio.Transport | None) -> str:
+    """The client id and address, for logs (the address looked up when needed, not kept)."""
+    peer = transport.get_extra_info("peername") if transport else None
+    return f"{channel.client_id or '-'} ({f'{peer[0]}:{peer[1]}' if peer else '?'})"
 
-    __slots__ = ("_expired", "_handle", "_limit", "_loop", "last_seen")
 
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, timeout: float, expired: Callable[[], None]
-    ) -> None:
-        self._loop = loop
-        self._expired = expired
-        self._limit = 0.0
-        self.last_seen = time.monotonic()
-        self._handle: asyncio.TimerHandle | None = loop.call_later(timeout, expired)
+class _Input:
+    """Packets in: decoded from the socket and held, in order, until handled."""
 
-    def keep_alive(self, seconds: int) -> None:
-        """Replace the CONNECT deadline by the client's keep-alive (0: none)."""
-        self.cancel()
-        if seconds > 0:
-            self._limit = seconds * 1.5
-            self._handle = self._loop.call_later(self._limit, self._check)
+    __slots__ = ("decoder", "held", "last_seen", "paused")
 
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+    def __init__(self, max_packet_size: int, now: float) -> None:
+        self.decoder = Decoder(max_packet_size)
+        self.held: list[Packet] = []
+        """Decoded, not handled yet, in order (a list: an empty deque takes 760 bytes)."""
+        self.last_seen = now
+        """When the client was last heard from, on the loop's clock."""
+        self.paused = False
 
-    def _check(self) -> None:
-        idle = time.monotonic() - self.last_seen
-        if idle >= self._limit:
-            self._handle = None
-            self._expired()
-        else:
-            self._handle = self._loop.call_later(self._limit - idle, self._check)
+    def feed(self, data: bytes, now: float) -> None:
+        """Hold the packets ``data`` completes; raises :class:`ProtocolError`."""
+        self.last_seen = now
+        self.held += self.decoder.feed(data)
+
+    def press(self, transport: asyncio.Transport, pressed: bool) -> None:
+        """Stop reading ``transport`` while ``pressed``, read again once not."""
+        if pressed != self.paused:
+            self.paused = pressed
+            if pressed:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
 
 class MqttConnection(asyncio.Protocol):
+    __slots__ = (
+        "_busy",
+        "_closed",
+        "_input",
+        "_loop",
+        "_opened",
+        "_output",
+        "_write",
+        "channel",
+        "owned",
+        "publishing",
+        "services",
+        "transport",
+    )
+
     def __init__(self, services: Services) -> None:
         self.services = services
         self.channel = ch.Channel(services.stamps, services.limits)
-        self.decoder = Decoder(services.max_packet_size)
         self.publishing = Publishing(
             self.channel, services.log, services.sessions, self._run, self.deliver
         )
         self.publishing.on_unblocked = self._update_reading
         self.transport: asyncio.Transport | None = None
-        self.peer = "?"
         self.owned: Owned | None = None
         self._loop = asyncio.get_running_loop()
-        self._held: deque[Packet] = deque()
         self._busy = False
         self._output = _Output(self._loop)
         self._write = self._output.write
-        self._write_paused = False
-        self._read_paused = False
-        self._timer: _Timer | None = None
+        self._opened = self._loop.time()
+        self._input = _Input(services.max_packet_size, self._opened)
         self._closed = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -157,22 +166,14 @@ class MqttConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._output.transport = self.transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # asyncio's default 64 KiB would count one large message as a backed-up client.
         self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.services.connections.add(self)
-        timeout = self.services.connect_timeout
-        self._timer = _Timer(self._loop, timeout, self._expired)
+        self.services.deadlines.watch(self)
 
     def data_received(self, data: bytes) -> None:
-        if self._timer is not None:
-            self._timer.last_seen = time.monotonic()
         try:
-            self._held.extend(self.decoder.feed(data))
+            self._input.feed(data, self._loop.time())
         except ProtocolError as error:
             self._fail(error)
             return
@@ -182,8 +183,7 @@ class MqttConnection(asyncio.Protocol):
         reason = f"socket error: {exc}" if exc else "connection closed by the client"
         self._run(self.channel.connection_lost(reason))
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
+        self.services.deadlines.forget(self)
         self.services.connections.discard(self)
         if self.owned is not None:
             for out in self.publishing.take_deferred():  # kept for the stored session
@@ -191,10 +191,10 @@ class MqttConnection(asyncio.Protocol):
             self.services.sessions.release(self.owned)
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self._output.paused = True
 
     def resume_writing(self) -> None:
-        self._write_paused = False
+        self._output.paused = False
         if self.channel.session is not None:
             for data in self.channel.session.drain():
                 self._write(data)
@@ -208,7 +208,7 @@ class MqttConnection(asyncio.Protocol):
         if self._closed:  # queued for the stored session (QoS 0 dropped and counted)
             session.deliver(out, online=False)
             return
-        data = session.deliver(out, online=True, writable=not self._write_paused)
+        data = session.deliver(out, online=True, writable=not self._output.paused)
         if data is not None:
             self._write(data)
 
@@ -220,7 +220,22 @@ class MqttConnection(asyncio.Protocol):
         self.channel.take_will()  # the node that took the session published it
         self.takeover()
 
-    def _expired(self) -> None:
+    def stream_failed(self, error: BaseException) -> None:
+        self._run(outages.catch_up_failed(self.channel, error))
+
+    # -- the deadline wheel's view --------------------------------------------------------------
+
+    def due(self) -> float | None:
+        """The CONNECT deadline, then 1.5 x keep-alive after the client was last heard from
+        [MQTT-3.1.2-24] (none with a keep-alive of 0)."""
+        state = self.channel.state
+        if state is ch.State.CONNECTING:
+            return self._opened + self.services.connect_timeout
+        if state is ch.State.CONNECTED and self.channel.keep_alive > 0:
+            return self._input.last_seen + self.channel.keep_alive * 1.5
+        return None
+
+    def expire(self) -> None:
         if self.channel.state is ch.State.CONNECTING:
             self._run(self.channel.connection_lost("no CONNECT in time"))
         elif self.channel.state is ch.State.CONNECTED:
@@ -232,36 +247,35 @@ class MqttConnection(asyncio.Protocol):
     # -- packets in ---------------------------------------------------------------------------
 
     def _drain(self) -> None:
-        budget = DRAIN_BUDGET
-        while self._held and not self._busy and not self._closed:
-            if budget == 0:  # the rest after other connections and the Kafka pump had a turn
-                self._loop.call_soon(self._drain)
-                break
-            budget -= 1
-            packet = self._held.popleft()
-            try:
-                actions = self.channel.handle_in(packet)
-            except ProtocolError as error:
-                self._fail(error)
-                return
-            self._run(actions)
-            if isinstance(packet, Pubrel) and self.owned is not None and self.owned.persistent:
-                self._background(
-                    self.services.sessions.unmark_received(self.owned, packet.packet_id),
-                    "forgetting a QoS 2 packet id",
-                )
-        if not self._held and not self._busy and self.decoder.error is not None:
-            self._fail(self.decoder.error)  # after the packets that came before it
+        held = self._input.held
+        done = 0
+        try:
+            while done < len(held) and not self._busy and not self._closed:
+                if done == DRAIN_BUDGET:  # the rest after other connections and the pump
+                    self._loop.call_soon(self._drain)
+                    break
+                packet = held[done]
+                done += 1
+                try:
+                    actions = self.channel.handle_in(packet)
+                except ProtocolError as error:
+                    self._fail(error)
+                    return
+                self._run(actions)
+                if isinstance(packet, Pubrel):
+                    self.publishing.released(packet.packet_id)
+        finally:
+            del held[:done]
+        fault = self._input.decoder.error
+        if not held and not self._busy and fault is not None:
+            self._fail(fault)  # after the packets that came before it
             return
         self._update_reading()
-
-    def _background(self, work: Coroutine[Any, Any, None], what: str) -> None:
-        outages.in_background(work, self.channel.client_id, what)
 
     def _fail(self, error: ProtocolError) -> None:
         if self._closed:
             return
-        log.warning("client %s (%s): %s", self.channel.client_id or "-", self.peer, error)
+        log.warning("client %s: %s", _who(self.channel, self.transport), error)
         self.services.protocol_errors += 1
         self._run(self.channel.handle_error(error))
 
@@ -282,7 +296,8 @@ class MqttConnection(asyncio.Protocol):
             elif isinstance(action, ch.RemoveSubscriptions):
                 assert self.channel.session is not None and self.owned is not None
                 self.services.dispatcher.unsubscribe(self.channel.session, action.filters)
-                self._background(self.services.sessions.save(self.owned), "saving the session")
+                work = self.services.sessions.save(self.owned)
+                outages.in_background(work, self.channel.client_id, "saving the session")
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
         self._busy = True
@@ -297,19 +312,13 @@ class MqttConnection(asyncio.Protocol):
         self._drain()
 
     def _update_reading(self) -> None:
-        if self.transport is None or self._closed:
-            return
-        pressed = (
-            self.channel.pending_publishes >= self.services.limits.max_pending_publishes
-            or len(self._held) >= DRAIN_BUDGET
-            or bool(self.publishing.blocked)
-        )
-        if pressed != self._read_paused:
-            self._read_paused = pressed
-            if pressed:
-                self.transport.pause_reading()
-            else:
-                self.transport.resume_reading()
+        if self.transport is not None and not self._closed:
+            self._input.press(
+                self.transport,
+                self.channel.pending_publishes >= self.services.limits.max_pending_publishes
+                or len(self._input.held) >= DRAIN_BUDGET
+                or bool(self.publishing.blocked),
+            )
 
     # -- CONNECT and SUBSCRIBE ------------------------------------------------------------------
 
@@ -322,27 +331,19 @@ class MqttConnection(asyncio.Protocol):
         if not services.log.available:
             self._run(outages.kafka_unavailable_at_connect(self.channel))
             return
-        will = None
-        if connect.will is not None:
-            will = ch.will_message(connect.will, action.client_id, services.stamps)
         try:
-            lease, stored = await services.sessions.acquire(
-                action.client_id, connect.clean_session, will
+            opened = await services.sessions.open(
+                action.client_id, connect, self, lambda: self._closed
             )
         except outages.STORE_ERRORS as exc:
             self._run(outages.store_failed_at_connect(self.channel, exc))
             return
-        if self._closed:
-            services.sessions.abandon(lease, stored)
+        if opened is None:
             return
-        self.owned = services.sessions.attach(lease, stored, connect.clean_session, self)
+        self.owned, present = opened
         self.publishing.owned = self.owned
-        self._run(self.channel.session_opened(self.owned.session, stored is not None))
-        if self._timer is not None:
-            self._timer.keep_alive(self.channel.keep_alive)
-        if stored is not None and stored.subscriptions:
-            task = self._loop.create_task(services.sessions.resume(self.owned, stored))
-            task.add_done_callback(self._resumed)
+        self._run(self.channel.session_opened(self.owned.session, present))
+        services.deadlines.watch(self)  # the keep-alive from now on
 
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
         assert self.owned is not None
@@ -361,10 +362,6 @@ class MqttConnection(asyncio.Protocol):
         except outages.STORE_ERRORS as exc:
             self._run(outages.retained_unavailable(self.channel, exc))
 
-    def _resumed(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and (error := task.exception()) is not None:
-            self._run(outages.catch_up_failed(self.channel, error))
-
     # -- packets out --------------------------------------------------------------------------
 
     def _close(self, action: ch.Close) -> None:
@@ -372,9 +369,7 @@ class MqttConnection(asyncio.Protocol):
             will = self.channel.take_will()
             if will is not None:
                 self.services.sessions.publish_will(will)
-        log.info(
-            "client %s (%s) closed: %s", self.channel.client_id or "-", self.peer, action.reason
-        )
+        log.info("client %s closed: %s", _who(self.channel, self.transport), action.reason)
         self._output.flush()
         self._closed = True
         if self.transport is not None:

@@ -12,7 +12,6 @@ comes back from the log before its acknowledgement went out waits, so the PUBACK
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -37,6 +36,19 @@ class Log(Protocol):
 class Publishing:
     """The PUBLISHes of one connection between the channel and the log."""
 
+    __slots__ = (
+        "_deliver",
+        "_own_deferred",
+        "_qos2_ids",
+        "_run",
+        "blocked",
+        "channel",
+        "log",
+        "on_unblocked",
+        "owned",
+        "sessions",
+    )
+
     def __init__(
         self,
         channel: ch.Channel,
@@ -51,7 +63,8 @@ class Publishing:
         self.owned: Owned | None = None
         self._run = run
         self._deliver = deliver
-        self.blocked: deque[ch.Produce] = deque()
+        self.blocked: list[ch.Produce] = []
+        """PUBLISHes held back, in order, while the producer queue is full."""
         self._qos2_ids: dict[int, int] = {}
         self._own_deferred: list[Outbound] = []
         self.on_unblocked: Callable[[], None] = lambda: None
@@ -80,11 +93,20 @@ class Publishing:
             self.log.when_writable(self._retry)
 
     def _retry(self) -> None:
-        blocked, self.blocked = self.blocked, deque()
-        while blocked and not self.blocked:
-            self.produce(blocked.popleft())
-        self.blocked.extend(blocked)
+        blocked, self.blocked = self.blocked, []
+        for i, action in enumerate(blocked):
+            if self.blocked:  # full again: the rest waits behind, in order
+                self.blocked.extend(blocked[i:])
+                break
+            self.produce(action)
         self.on_unblocked()
+
+    def released(self, packet_id: int) -> None:
+        """A PUBREL: a persistent session forgets the QoS 2 packet id, in the background."""
+        owned = self.owned
+        if owned is not None and owned.persistent:
+            work = self.sessions.unmark_received(owned, packet_id)
+            outages.in_background(work, self.channel.client_id, "forgetting a QoS 2 packet id")
 
     def defer_own(self, out: Outbound) -> bool:
         """Hold back a message of this client's own still awaiting its acknowledgement."""

@@ -5,9 +5,10 @@ with the QoS of :func:`delivery_qos`:
 
 * **live**: a record the reader fetched, to every local client with a matching subscription
   that has started (``router.subscriptions``);
-* **catch-up**: the records a returning persistent session missed, from its stored positions to
-  where its live stream begins, QoS 1/2 only (QoS 0 is not kept for a client that was away);
-  they are taken only while the session's queue has room, so the bound never drops one;
+* **catch-up**: the records a client missed, read back from the log: a returning persistent
+X
+  QoS 1/2 only (QoS 0 is not kept for a client that was away, nor for a slow one), taken only
+  while the session's queue has room, so the bound never drops one;
 * **retained**: after a SUBACK, the retained messages its filters match [MQTT-3.3.1-6], RETAIN=1;
 * **shared**: a record of a share group this node holds the partition of, to one member.
 
@@ -15,65 +16,24 @@ Each record reaches a client once, at the highest QoS its matching subscriptions
 index's match returns each client once with that), capped by the message's own [MQTT-3.3.5-1].
 The PUBLISH bytes are encoded once per record and QoS and shared by every subscriber.  Every
 message a session's bound drops is counted.
+
+A client whose queue is full reads on from the log (``router.backlog``): the log is the queue.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Protocol
 
 from frontend.mqtt import topics
 from frontend.mqtt.codec import PublishTemplate
-from frontend.mqtt.message import Message
 from frontend.mqtt.session import Outbound, Session
+from router.backlog import Backlog
+from router.delivery import Client, Counters, Subscriber, delivery_qos, template_for
 from router.log import KafkaLog
 from router.partitioner import Router
 from router.record import Record
 from router.shared import ShareGroup, consumer_config, group_id
 from router.subscriptions import Subscriptions
-
-log = logging.getLogger("headwater.dispatch")
-
-
-def delivery_qos(granted: int, message_qos: int) -> int:
-    """The QoS a client gets a message at: the highest QoS its matching subscriptions granted
-    (``granted``), capped by the message's own [MQTT-3.3.5-1]."""
-    return granted if granted < message_qos else message_qos
-
-
-def template_for(message: Message, qos: int, cache: dict[int, PublishTemplate]) -> PublishTemplate:
-    """The PUBLISH of ``message`` at ``qos``, encoded once per record and QoS (``cache``)."""
-    template = cache.get(qos)
-    if template is None:
-        template = cache[qos] = PublishTemplate(message.topic, message.payload, qos)
-    return template
-
-
-class Subscriber(Protocol):
-    """A connected client, as the dispatcher sees it."""
-
-    def deliver(self, out: Outbound) -> None:
-        """Send (or queue) one message for the client."""
-
-    def takeover(self) -> None:
-        """Another connection is taking this client id: close, publishing the will."""
-
-
-@dataclass(slots=True)
-class Counters:
-    records_dispatched: int = 0
-    messages_delivered: int = 0
-    messages_dropped: int = 0
-    messages_replayed: int = 0
-    retention_lost: int = 0
-
-
-@dataclass(slots=True)
-class _Client:
-    session: Session
-    subscriber: Subscriber
 
 
 class Dispatcher:
@@ -84,7 +44,10 @@ class Dispatcher:
         self.subscriptions = Subscriptions(log_, router)
         self.router = router
         self.counters = Counters()
-        self._clients: dict[str, _Client] = {}
+        self.backlog = Backlog(log_, self.subscriptions, self.counters, self._deliver)
+        self._clients: dict[str, Client] = {}
+        self.touched: set[str] = set()
+        """Persistent sessions given a message since the session manager last took this."""
         self._shares: dict[tuple[str, str], ShareGroup] = {}
 
     # -- clients ------------------------------------------------------------------------------
@@ -101,7 +64,7 @@ class Dispatcher:
         current = self._clients.get(session.client_id)
         if current is not None:
             self._forget(current)
-        self._clients[session.client_id] = _Client(session, subscriber)
+        self._clients[session.client_id] = Client(session, subscriber)
 
     def detach(self, session: Session, subscriber: Subscriber) -> None:
         """The connection closed: this node forgets the session (the store keeps what lasts)."""
@@ -110,7 +73,8 @@ class Dispatcher:
             del self._clients[session.client_id]
             self._forget(client)
 
-    def _forget(self, client: _Client) -> None:
+    def _forget(self, client: Client) -> None:
+        self.backlog.stop(client)
         session = client.session
         plain: list[str] = []
         for topic_filter in session.subscriptions:
@@ -135,6 +99,25 @@ class Dispatcher:
     ) -> tuple[dict[int, int], list[str]]:
         """Register ``requests``: their start offsets and the new plain filters, which stay
         pending until :meth:`activate`."""
+        plain = await self._subscribe_shared(session, requests)
+        return await self.subscriptions.add(session, plain)
+
+    async def resume(
+        self, session: Session, requests: list[tuple[str, int]], positions: dict[int, int]
+    ) -> None:
+        """Register a returning session's stored subscriptions and catch it up from its stored
+        ``positions`` (a partition without one starts where its live stream does); it goes
+        live by itself once caught up.  A failed catch-up is reported to its subscriber."""
+        plain = await self._subscribe_shared(session, requests)
+        starts, _ = await self.subscriptions.add(session, plain, resume_from=positions)
+        client = self._clients.get(session.client_id)
+        if client is not None and client.session is session and starts:
+            self.backlog.start(client, {p: positions.get(p, at) for p, at in starts.items()})
+
+    async def _subscribe_shared(
+        self, session: Session, requests: list[tuple[str, int]]
+    ) -> list[tuple[str, int]]:
+        """Join the share groups of the shared filters in ``requests``; the plain ones."""
         plain: list[tuple[str, int]] = []
         for topic_filter, qos in requests:
             shared = topics.parse_shared(topic_filter)
@@ -143,7 +126,7 @@ class Dispatcher:
             else:
                 session.subscriptions[topic_filter] = qos
                 await self._join_share(shared, session.client_id, qos)
-        return await self.subscriptions.add(session, plain)
+        return plain
 
     def activate(self, session: Session, filters: Iterable[str]) -> None:
         """Deliver what was buffered while ``filters`` were pending; live from now on."""
@@ -176,15 +159,21 @@ class Dispatcher:
         cache: dict[int, PublishTemplate] = {}
         for client_id, granted in targets.items():
             client = self._clients.get(client_id)
-            if client is not None:
-                qos = delivery_qos(granted, message.qos)
-                template = template_for(message, qos, cache)
-                out = Outbound(message, qos, False, template, 0, False, rec.partition, rec.offset)
-                self._deliver(client, out)
+            if client is None:
+                continue
+            qos = delivery_qos(granted, message.qos)
+            if client.behind is not None or (qos and not client.session.has_room()):
+                self.backlog.fall_behind(client, rec, qos)
+                continue
+            template = template_for(message, qos, cache)
+            out = Outbound(message, qos, False, template, 0, False, rec.partition, rec.offset)
+            self._deliver(client, out)
 
-    def _deliver(self, client: _Client, out: Outbound) -> None:
+    def _deliver(self, client: Client, out: Outbound) -> None:
         self.counters.messages_delivered += 1
         session = client.session
+        if not session.clean:
+            self.touched.add(session.client_id)
         dropped = session.dropped
         client.subscriber.deliver(out)
         self.counters.messages_dropped += session.dropped - dropped
@@ -220,58 +209,21 @@ class Dispatcher:
             template = template_for(rec.message, qos, {})
             self._deliver(client, Outbound(rec.message, qos, True, template))
 
-    # -- catch-up -----------------------------------------------------------------------------
+    # -- catch-up: the log is the queue ---------------------------------------------------------
 
-    async def replay(
-        self, session: Session, positions: dict[int, int], starts: dict[int, int]
-    ) -> int:
-        """Deliver what ``session`` missed: the QoS 1/2 records matching its plain
-        subscriptions from ``positions`` up to ``starts`` (where its live stream begins), while
-        its queue has room.  Returns the number delivered."""
-        ranges = {p: (positions.get(p, end), end) for p, end in starts.items()}
-        await self._skip_expired(session.client_id, ranges)
-        filters = {f: q for f, q in session.subscriptions.items() if not topics.parse_shared(f)}
-        resent = {(o.partition, o.offset) for o in session.inflight.values()}
-        delivered = 0
+    def positions_for(self, session: Session) -> dict[int, int]:
+        """Per partition, where ``session``'s stream resumes if it went away now: not past a
+        message it has not been given yet, nor one waiting in its queue."""
+        positions = self.subscriptions.positions_for(session)
+        client = self._clients.get(session.client_id)
+        if client is not None:
+            self.backlog.needed(client, positions)
+        return positions
 
-        def take(rec: Record) -> bool:
-            nonlocal delivered
-            client = self._clients.get(session.client_id)
-            if client is None or client.session is not session:
-                return True  # gone: the rest is read and ignored, the stored positions stay
-            if (rec.partition, rec.offset) in resent:
-                return True
-            topic = rec.message.topic
-            granted = max((q for f, q in filters.items() if topics.matches(f, topic)), default=0)
-            qos = delivery_qos(granted, rec.message.qos)
-            if not qos:
-                return True  # QoS 0 is not kept for a client that was away (nor unmatched)
-            if not session.has_room():
-                return False
-            template = template_for(rec.message, qos, {})
-            out = Outbound(rec.message, qos, False, template, 0, False, rec.partition, rec.offset)
-            self._deliver(client, out)
-            delivered += 1
-            return True
-
-        await self.log.reader.replay(ranges, take, session.half_empty)
-        self.counters.messages_replayed += delivered
-        return delivered
-
-    async def _skip_expired(self, client_id: str, ranges: dict[int, tuple[int, int]]) -> None:
-        """Records retention already removed cannot be replayed: count them and go on."""
-        wanted = [p for p, (start, end) in ranges.items() if start < end]
-        for partition, low in (await self.log.low_watermarks(wanted)).items():
-            start, end = ranges[partition]
-            if start < low:
-                lost = min(low, end) - start
-                self.counters.retention_lost += lost
-                log.warning(
-                    "session %s: %d records of partition %d were removed by retention "
-                    "before it came back; continuing without them",
-                    client_id, lost, partition,
-                )  # fmt: skip
-                ranges[partition] = (min(low, end), end)
+    def is_behind(self, session: Session) -> bool:
+        """True while ``session`` catches up from the log (``router.backlog``)."""
+        client = self._clients.get(session.client_id)
+        return client is not None and client.session is session and client.behind is not None
 
     # -- shared subscriptions -----------------------------------------------------------------
 

@@ -16,6 +16,9 @@ A new subscription's life, and why nothing is missed or delivered early:
 
 A record published after the SUBACK has an offset at or above the start offset, so it is
 delivered; one published before the watermark read is not (retained messages aside).
+
+A returning session's stored subscriptions are not pending: they start at its stored positions,
+and the dispatcher catches it up from the log until it is live (``router.dispatch``).
 """
 
 from __future__ import annotations
@@ -45,16 +48,20 @@ class Subscriptions:
         self._starts: dict[SubKey, dict[int, int]] = {}
         self._pending: dict[SubKey, list[Record]] = {}
         self.dispatched: dict[int, int] = {}
-        """Per partition, the offset after the last record dispatched here."""
+        """Per partition read live, the offset of the next record to dispatch here."""
 
     # -- adding and removing ------------------------------------------------------------------
 
     async def add(
-        self, session: Session, requests: list[tuple[str, int]]
+        self,
+        session: Session,
+        requests: list[tuple[str, int]],
+        resume_from: dict[int, int] | None = None,
     ) -> tuple[dict[int, int], list[str]]:
         """Steps 1-2 above for the plain (not shared) filters of ``requests``: their start
         offsets, and which filters are new.  Re-subscribing replaces the QoS [MQTT-3.8.4-3]
-        and keeps the start."""
+        and keeps the start.  With ``resume_from`` (a returning session's stored positions)
+        the filters start there, not pending."""
         new: list[str] = []
         for topic_filter, qos in requests:
             fresh = topic_filter not in session.subscriptions
@@ -62,7 +69,8 @@ class Subscriptions:
             self._trie.add(topic_filter, (session.client_id, topic_filter), qos)
             if fresh:
                 new.append(topic_filter)
-                self._pending[(session.client_id, topic_filter)] = []
+                if resume_from is None:
+                    self._pending[(session.client_id, topic_filter)] = []
         needed = [self.router.partitions_for_filter(f) for f in new]
         for partitions in needed:
             self._interest.acquire(partitions)
@@ -74,9 +82,16 @@ class Subscriptions:
             raise
         reader = self.log.reader
         assigned = set(reader.assigned())
-        reader.assign({p: starts[p] for p in wanted if p not in assigned})
-        for topic_filter in new:
-            self._starts[(session.client_id, topic_filter)] = starts
+        newly = {p: starts[p] for p in wanted if p not in assigned}
+        reader.assign(newly)
+        self.dispatched.update(newly)  # the live stream of these begins there
+        if resume_from is not None:
+            starts = {p: resume_from.get(p, start) for p, start in starts.items()}
+        # A start the live stream has already reached filters nothing: it is not kept.
+        ahead = {p: at for p, at in starts.items() if self.dispatched.get(p, 0) < at}
+        if ahead:
+            for topic_filter in new:
+                self._starts[(session.client_id, topic_filter)] = ahead
         return starts, new
 
     def activate(self, client_id: str, filters: Iterable[str]) -> list[Record]:
@@ -126,18 +141,26 @@ class Subscriptions:
                 targets[key[0]] = qos
         return targets
 
-    def positions_for(self, session: Session) -> dict[int, int]:
-        """Per partition, where the session's stream resumes if it went away now: after what
-        this node has dispatched, but not past a message still waiting in its queue, and never
-        before a subscription's start."""
-        queued = session.queued_from_log()
+    def stream_positions(self, session: Session) -> dict[int, int]:
+        """Per partition of ``session``'s plain subscriptions, the offset of the next record
+        the live stream would give it: after what this node has dispatched, and never before a
+        subscription's start."""
         positions: dict[int, int] = {}
+        dispatched = self.dispatched
         for topic_filter in session.subscriptions:
             if topics.parse_shared(topic_filter) is not None:
                 continue
             starts = self._starts.get((session.client_id, topic_filter), {})
             for p in self.router.partitions_for_filter(topic_filter):
-                pos = max(self.dispatched.get(p, 0), starts.get(p, 0))
-                pos = min(pos, queued.get(p, pos), positions.get(p, pos))
-                positions[p] = pos
+                pos = max(dispatched.get(p, 0), starts.get(p, 0))
+                positions[p] = min(pos, positions.get(p, pos))
+        return positions
+
+    def positions_for(self, session: Session) -> dict[int, int]:
+        """Per partition, where the session's stream resumes if it went away now: its stream
+        positions, but not past a message still waiting in its queue."""
+        positions = self.stream_positions(session)
+        for p, offset in session.queued_from_log().items():
+            if offset < positions.get(p, offset + 1):
+                positions[p] = offset
         return positions

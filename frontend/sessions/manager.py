@@ -3,13 +3,13 @@
 A session's life: **acquire** (own the client id's session in the store, taking it over from its
 current connection on this node or another [MQTT-3.1.4-2]; a previous connection that died with
 its node has its will published first [MQTT-3.1.2-8]), **restore** (the stored in-flight window
-and QoS 2 state), **resume** (subscribe again, replay from the log what the session missed, go
-live where the replay ended), **save** (persistent sessions, every ``SAVE_INTERVAL``), and
-**release** (store what lasts, or forget a clean session) when the connection ends.
+and QoS 2 state), **resume** (subscribe again and catch up from the log from the stored
+positions, see ``router.dispatch``), **save** (what changed, batched), and **release** (store
+what lasts, or forget a clean session) when the connection ends.
 
 Invariants: a session is owned by at most one connection in the cluster, fenced by its lease;
-every write to the store carries the lease; while a session replays, what is saved for it is the
-stored positions it resumed from, so a crash mid-replay loses nothing.
+every write to the store carries the lease; until a returning session's subscriptions are
+registered again, what is saved for it is the stored positions it resumed from.
 """
 
 from __future__ import annotations
@@ -17,47 +17,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable
 
 from frontend.cluster import FORCE_AFTER, Coordinator
-from frontend.mqtt.channel import Limits
+from frontend.mqtt.channel import Limits, will_message
 from frontend.mqtt.codec import PublishTemplate
 from frontend.mqtt.message import Message, MessageStamps
+from frontend.mqtt.packets import Connect
 from frontend.mqtt.session import Outbound, Session, StoredOutbound, StoredSession
 from frontend.retained import RetainedStore
+from frontend.sessions.saver import Holder, Owned, Saver
+
+__all__ = ["Holder", "Owned", "SessionManager"]
 from frontend.sessions.store import Busy, Lease, SessionStore
 from router import record
-from router.dispatch import Dispatcher, Subscriber
+from router.dispatch import Dispatcher
 from router.log import KafkaLog
 
 log = logging.getLogger("headwater.sessions")
 
-SAVE_INTERVAL = 1.0
+OPENING_AT_ONCE = 128
+"""Sessions acquired at once; a storm of CONNECTs beyond waits its turn, in arrival order."""
 
-
-class Holder(Subscriber, Protocol):
-    """The connection serving a session, as the session manager sees it."""
-
-    def lose_session(self) -> None:
-        """Another node took the session by force: close without publishing the will (the node
-        that took the session published it)."""
-
-
-@dataclass(slots=True)
-class Owned:
-    """A session this node owns, with the connection serving it."""
-
-    lease: Lease
-    session: Session
-    holder: Holder
-    replaying: StoredSession | None = None
-    """The stored state being replayed; its positions are what a save writes meanwhile."""
-    closed: bool = False
-
-    @property
-    def persistent(self) -> bool:
-        return not self.session.clean
+OPENING_WAIT = 30.0
+"""Seconds a CONNECT waits for its turn before the store counts as unavailable (CONNACK 3)."""
 
 
 class SessionManager:
@@ -83,9 +66,14 @@ class SessionManager:
         self.wills_published = 0
         self.orphaned_wills_published = 0
         self.wills_lost = 0
-        self._owned: dict[str, Owned] = {}
-        self._releasing: dict[str, asyncio.Task[None]] = {}
-        self._saver: asyncio.Task[None] | None = None
+        self._opening = asyncio.Semaphore(OPENING_AT_ONCE)
+        self._acquiring: dict[str, int] = {}
+        """Client ids being acquired here now (how many connections are at it)."""
+        self._asked_to_let_go: set[str] = set()
+        """Of those, the ones another node asked for meanwhile."""
+        self.opening_waited = 0
+        """CONNECTs that waited for their turn to open a session (admission control)."""
+        self.saver = Saver(self.node_id, store, dispatcher)
 
     def join_cluster(
         self, store: SessionStore, retained: RetainedStore, coordinator: Coordinator
@@ -93,15 +81,13 @@ class SessionManager:
         """Keep sessions and retained messages in the cluster's stores from now on (called
         before the node serves anyone), and take sessions over through ``coordinator``."""
         self.store, self.retained, self.coordinator = store, retained, coordinator
+        self.saver.store = store
 
-    def start(self) -> None:
-        self._saver = asyncio.get_running_loop().create_task(self._save_periodically())
+    async def start(self) -> None:
+        await self.saver.start()
 
     async def stop(self) -> None:
-        if self._saver is not None:
-            self._saver.cancel()
-        if self._releasing:
-            await asyncio.gather(*self._releasing.values(), return_exceptions=True)
+        await self.saver.stop()
 
     # -- acquire and restore --------------------------------------------------------------------
 
@@ -109,11 +95,40 @@ class SessionManager:
         self, client_id: str, clean: bool, will: Message | None
     ) -> tuple[Lease, StoredSession | None]:
         """Own ``client_id``'s session and read what was stored of it; store errors raise.
-        ``will`` is kept with the session, in case this node dies with the connection open."""
+        ``will`` is kept with the session, in case this node dies with the connection open.
+        At most ``OPENING_AT_ONCE`` run at once: a storm is absorbed, not refused."""
+        if self._opening.locked():
+            self.opening_waited += 1
+        async with asyncio.timeout(OPENING_WAIT):  # TimeoutError is an OSError: a store error
+            await self._opening.acquire()
+        self._acquiring[client_id] = self._acquiring.get(client_id, 0) + 1
+        try:
+            return await self._acquire_and_read(client_id, clean, will)
+        finally:
+            self._opening.release()
+            self._acquiring[client_id] -= 1
+            if not self._acquiring[client_id]:
+                del self._acquiring[client_id]
+
+    async def _acquire_and_read(
+        self, client_id: str, clean: bool, will: Message | None
+    ) -> tuple[Lease, StoredSession | None]:
         lease, stored = await self._acquire(client_id, clean)
         if will is not None:
             await self.store.keep_will(lease, record.encode(will))
+        if stored is not None and stored.live_on:
+            await self._catch_up_with_checkpoint(stored)
         return lease, stored
+
+    async def _catch_up_with_checkpoint(self, stored: StoredSession) -> None:
+        """The session was live on a node that did not store its release (it died, or it was
+        taken by force): move its positions up to that node's checkpoint, if the checkpoint
+        was taken while the session was live there (see the module docstring)."""
+        seq, checkpoint = await self.store.read_checkpoint(stored.live_on)
+        if seq > stored.live_since:
+            stored.positions = {
+                p: max(at, checkpoint.get(p, at)) for p, at in stored.positions.items()
+            }
 
     def attach(
         self, lease: Lease, stored: StoredSession | None, clean: bool, holder: Holder
@@ -125,13 +140,49 @@ class SessionManager:
         if stored is not None:
             session.restore_inflight(stored, [_restore(o) for o in stored.inflight])
         owned = Owned(lease, session, holder)
-        self._owned[lease.client_id] = owned
+        self.saver.went_live(owned)
         self.dispatcher.attach(session, holder)
         return owned
 
+    async def open(
+        self, client_id: str, connect: Connect, holder: Holder, gone: Callable[[], bool]
+    ) -> tuple[Owned, bool] | None:
+        """A CONNECT: acquire the session, restore it, and start catching it up from the log
+        once the caller has answered (a task: it starts after the CONNACK is written).  The
+        session and whether one was stored; None if the connection went away meanwhile (``gone``
+        says), keeping what was stored.  Store errors raise."""
+        will = None
+        if connect.will is not None:
+            will = will_message(connect.will, client_id, self.stamps)
+        asked = False
+        try:
+            lease, stored = await self.acquire(client_id, connect.clean_session, will)
+        finally:
+            if client_id not in self._acquiring and client_id in self._asked_to_let_go:
+                self._asked_to_let_go.discard(client_id)
+                asked = True
+        if gone():
+            self.abandon(lease, stored)
+            return None
+        owned = self.attach(lease, stored, connect.clean_session, holder)
+        if asked:  # answered first, then closed like any connection taken over
+            asyncio.get_running_loop().call_soon(holder.takeover)
+        if stored is not None and stored.subscriptions:
+            task = asyncio.get_running_loop().create_task(self.resume(owned, stored))
+            task.add_done_callback(lambda done: _report_failure(done, holder))
+        return owned, stored is not None
+
+    def release_requested(self, client_id: str) -> None:
+        """Another node asks for ``client_id``'s session [MQTT-3.1.4-2]: close its connection
+        here, which stores the session and lets go; one still being opened here is closed as
+        soon as it is open (the other node would otherwise take the session by force)."""
+        if client_id in self._acquiring:
+            self._asked_to_let_go.add(client_id)
+        self.dispatcher.take_over(client_id)
+
     def abandon(self, lease: Lease, stored: StoredSession | None) -> None:
         """The connection went away while its session was acquired: let go, keeping ``stored``."""
-        self._release(lease, stored)
+        self.saver.keep(lease, stored)
 
     async def _acquire(self, client_id: str, clean: bool) -> tuple[Lease, StoredSession | None]:
         deadline = time.monotonic() + FORCE_AFTER
@@ -159,25 +210,23 @@ class SessionManager:
         was nothing to wait for (a stale lease)."""
         self.dispatcher.take_over(client_id)
         await asyncio.sleep(0)
-        releasing = self._releasing.get(client_id)
+        releasing = self.saver.releasing.get(client_id)
         if releasing is None:
             return False
         await asyncio.gather(releasing, return_exceptions=True)
         return True
 
     async def resume(self, owned: Owned, stored: StoredSession) -> None:
-        """Subscribe again, replay what was missed from the log, then go live at the offsets
-        where the replay ended: no gap and no duplicate at the switch.  Raises if the catch-up
-        fails (the log unreadable): the caller closes the connection."""
+        """Subscribe again and catch up from the log from the stored positions; the session
+        goes live by itself once caught up (``router.dispatch``), no gap and no duplicate at
+        the switch.  A catch-up that fails closes the connection through its holder."""
         owned.replaying = stored
-        dispatcher = self.dispatcher
-        session = owned.session
-        starts, new = await dispatcher.subscribe(session, list(stored.subscriptions.items()))
-        await dispatcher.replay(session, stored.positions, starts)
-        # Only now: if the catch-up failed, what is saved is still where the session resumed
-        # from, so the connection's close loses nothing and the next one catches up again.
-        dispatcher.activate(session, new)
-        owned.replaying = None
+        try:
+            await self.dispatcher.resume(
+                owned.session, list(stored.subscriptions.items()), stored.positions
+            )
+        finally:
+            owned.replaying = None
 
     # -- subscriptions ------------------------------------------------------------------------
 
@@ -203,53 +252,17 @@ class SessionManager:
 
     # -- save and release -----------------------------------------------------------------------
 
-    def snapshot(self, owned: Owned) -> StoredSession:
-        if owned.replaying is not None:
-            positions = dict(owned.replaying.positions)
-        else:
-            positions = self.dispatcher.subscriptions.positions_for(owned.session)
-        return owned.session.snapshot(positions, lambda out: record.encode(out.message))
+    def snapshot(self, owned: Owned, live: bool = True) -> StoredSession:
+        return self.saver.snapshot(owned, live)
 
     async def save(self, owned: Owned) -> None:
-        """Store a persistent session now.  If the store says another node took it by force,
-        close its connection without the will (the node that took the session published it)."""
-        if not owned.persistent or owned.closed:
-            return
-        if not await self.store.save(owned.lease, self.snapshot(owned)):
-            log.warning("client %s: session owned elsewhere now; closing", owned.lease.client_id)
-            owned.holder.lose_session()
+        """Store a persistent session now (before a SUBACK or after an UNSUBSCRIBE)."""
+        await self.saver.save(owned)
 
     def release(self, owned: Owned) -> None:
         """The connection ended: store what lasts (in the background), forget the rest here."""
-        owned.closed = True
-        state = self.snapshot(owned) if owned.persistent else None
+        self.saver.release(owned)
         self.dispatcher.detach(owned.session, owned.holder)
-        if self._owned.get(owned.lease.client_id) is owned:
-            del self._owned[owned.lease.client_id]
-        self._release(owned.lease, state)
-
-    def _release(self, lease: Lease, state: StoredSession | None) -> None:
-        client_id = lease.client_id
-        task = asyncio.get_running_loop().create_task(self.store.release(lease, state))
-        self._releasing[client_id] = task
-        task.add_done_callback(lambda _: self._forget_release(client_id, task))
-
-    def _forget_release(self, client_id: str, task: asyncio.Task[None]) -> None:
-        if self._releasing.get(client_id) is task:
-            del self._releasing[client_id]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("storing the session of %s failed: %s", client_id, task.exception())
-
-    async def _save_periodically(self) -> None:
-        """Persistent sessions are saved every second, so a node crash loses at most that."""
-        while True:
-            await asyncio.sleep(SAVE_INTERVAL)
-            for owned in list(self._owned.values()):
-                try:
-                    await self.save(owned)
-                except Exception as exc:  # Redis down: keep serving, keep trying
-                    log.warning("saving sessions failed: %s", exc)
-                    break
 
     # -- inbound QoS 2 ----------------------------------------------------------------------
 
@@ -290,6 +303,11 @@ class SessionManager:
             self.publish_will(
                 self.stamps.message(will.topic, will.payload, will.qos, will.retain, will.client_id)
             )
+
+
+def _report_failure(task: asyncio.Task[None], holder: Holder) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        holder.stream_failed(error)
 
 
 def _restore(stored: StoredOutbound) -> Outbound:

@@ -28,7 +28,7 @@ from frontend.mqtt.packets import (
     Will,
 )
 from frontend.node import Node
-from frontend.sessions.manager import SAVE_INTERVAL
+from frontend.sessions.saver import SAVE_INTERVAL
 from tests.conftest import free_port
 from tests.e2e.conftest import NodeFactory, eventually, launch_node_process
 from tests.e2e.rawmqtt import RawClient

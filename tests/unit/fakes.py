@@ -49,7 +49,8 @@ class FakeConsumer:
     """Manual assignment over fixed partitions; ``consume`` returns up to ``n`` records."""
 
     def __init__(self, partitions: dict[int, list[Message]]) -> None:
-        self.values = {p: [record.encode(m) for m in ms] for p, ms in partitions.items()}
+        self.partitions = partitions
+        """Shared with the log: what a test appends is there to read."""
         self.position: dict[int, int] = {}
         self.paused: set[int] = set()
         self.assigns = 0
@@ -74,9 +75,10 @@ class FakeConsumer:
     def consume(self, n: int, timeout: float) -> list[_Msg]:
         out: list[_Msg] = []
         for p in sorted(set(self.position) - self.paused):
-            while len(out) < n and self.position[p] < len(self.values[p]):
+            records = self.partitions.get(p, [])
+            while len(out) < n and self.position[p] < len(records):
                 offset = self.position[p]
-                out.append(_Msg(p, offset, self.values[p][offset]))
+                out.append(_Msg(p, offset, record.encode(records[offset])))
                 self.position[p] = offset + 1
         self.returned += len(out)
         return out
@@ -157,6 +159,7 @@ class FakeClient:
         self.wire: list[bytes] = []
         self.taken_over = 0
         self.lost = 0
+        self.stream_errors: list[BaseException] = []
         self.on_takeover: Callable[[], None] = lambda: None
         """What closing does: a real connection releases its session as it closes."""
 
@@ -171,6 +174,9 @@ class FakeClient:
 
     def lose_session(self) -> None:
         self.lost += 1
+
+    def stream_failed(self, error: BaseException) -> None:
+        self.stream_errors.append(error)
 
     def received(self) -> list[Publish]:
         decoder = Decoder()

@@ -3,12 +3,11 @@ queue bound.  Over fakes of our own interfaces (``tests.unit.fakes``), no Kafka.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from frontend.mqtt.session import Session
-from router.dispatch import Dispatcher, delivery_qos
+from router.delivery import delivery_qos
+from router.dispatch import Dispatcher
 from router.partitioner import Router
 from router.record import Record
 from tests.unit.fakes import FakeClient, FakeLog, message, pump
@@ -81,11 +80,92 @@ async def test_catch_up_never_drops_for_the_queue_bound_and_skips_qos_0() -> Non
     log = FakeLog({p: missed})
     dispatcher, client = connected(log, max_inflight=2, max_queued=3)
     session = client.session
-    starts, _ = await dispatcher.subscribe(session, [("d/#", 1)])
-    replay = asyncio.ensure_future(dispatcher.replay(session, {p: 0}, starts))
-    await pump(log, replay.done, client.ack_all)
-    await pump(log, lambda: not session.queue and not session.inflight, client.ack_all)
-    assert replay.result() == 40
+    await dispatcher.resume(session, [("d/#", 1)], {p: 0})
+    await pump(log, lambda: not dispatcher.is_behind(session), client.ack_all)
+    await pump(log, session.settled, client.ack_all)
     assert [x.payload for x in client.received()] == [b"%d" % i for i in range(40)]
     assert session.dropped == 0 and dispatcher.counters.messages_dropped == 0
     assert dispatcher.counters.messages_replayed == 40
+
+
+class Live:
+    """A partition the log holds and the dispatcher reads live: ``publish`` appends records
+    and dispatches them, as the reader would."""
+
+    def __init__(self, log: FakeLog, dispatcher: Dispatcher, topic: str) -> None:
+        self.topic = topic
+        self.partition = partition_of(topic)
+        self.records = log.partitions.setdefault(self.partition, [])
+        self.dispatcher = dispatcher
+
+    def publish(self, count: int, qos: int = 1) -> None:
+        first = len(self.records)
+        for i in range(first, first + count):
+            self.records.append(message(self.topic, qos=qos, payload=b"%d" % i))
+        self.dispatcher.dispatch(
+            [Record(self.partition, o, 1, self.records[o]) for o in range(first, len(self.records))]
+        )
+
+
+async def subscribed_to_live(**limits: int) -> tuple[FakeLog, Dispatcher, FakeClient, Live]:
+    """A client subscribed to ``d/#`` at QoS 1, and the live partition of ``d/1``."""
+    log = FakeLog()
+    dispatcher, client = connected(log, **limits)
+    _, new = await dispatcher.subscribe(client.session, [("d/#", 1)])
+    dispatcher.activate(client.session, new)
+    return log, dispatcher, client, Live(log, dispatcher, "d/1")
+
+
+async def test_a_full_queue_reads_on_from_the_log_and_goes_live_again_without_gap_or_dup() -> None:
+    log, dispatcher, client, live = await subscribed_to_live(max_inflight=2, max_queued=3)
+    session = client.session
+    live.publish(20)  # 2 in flight and 3 queued: the 6th finds the queue full
+    assert dispatcher.is_behind(session) and dispatcher.counters.fell_behind == 1
+    assert len(session.queue) == 3
+    live.publish(20)  # not queued: read from the log later
+    assert len(session.queue) == 3
+    await pump(log, lambda: not dispatcher.is_behind(session), client.ack_all)
+    await pump(log, session.settled, client.ack_all)
+    live.publish(5)  # live again: straight to the client (2 in flight, 3 queued)
+    assert not dispatcher.is_behind(session) and len(session.queue) == 3
+    await pump(log, session.settled, client.ack_all)
+    assert [x.payload for x in client.received()] == [b"%d" % i for i in range(45)]
+    assert session.dropped == 0 and dispatcher.counters.messages_dropped == 0
+    assert dispatcher.counters.messages_replayed == 35
+
+
+async def test_qos_0_is_dropped_and_counted_while_a_client_is_behind() -> None:
+    log, dispatcher, client, live = await subscribed_to_live(max_inflight=1, max_queued=1)
+    session = client.session
+    live.publish(3)  # one in flight, one queued, the third read later
+    live.publish(4, qos=0)
+    assert dispatcher.counters.messages_dropped == 4
+    await pump(log, lambda: not dispatcher.is_behind(session), client.ack_all)
+    await pump(log, session.settled, client.ack_all)
+    assert [x.payload for x in client.received()] == [b"0", b"1", b"2"]
+
+
+async def test_a_slow_client_that_never_catches_up_keeps_its_place_in_the_log() -> None:
+    _, dispatcher, client, live = await subscribed_to_live(max_inflight=1, max_queued=2)
+    session = client.session
+    live.publish(10)
+    # it received 0 (in flight) and has 1, 2 queued: the stream resumes at 1 if it goes now
+    assert dispatcher.positions_for(session) == {live.partition: 1}
+    client.ack_all()  # 1 goes out; 2 and nothing more queued: its place is 1 (in flight)
+    assert dispatcher.positions_for(session) == {live.partition: 2}
+
+
+async def test_records_that_waited_for_a_new_subscription_are_read_back_if_the_queue_fills() -> (
+    None
+):
+    log = FakeLog()
+    dispatcher, client = connected(log, max_inflight=1, max_queued=1)
+    session = client.session
+    live = Live(log, dispatcher, "d/1")
+    live.publish(2, qos=0)  # before the SUBSCRIBE: never for this client
+    _, new = await dispatcher.subscribe(session, [("d/#", 1)])
+    live.publish(6)  # buffered while the subscription is pending
+    dispatcher.activate(session, new)  # one in flight, one queued, the rest from the log
+    assert dispatcher.is_behind(session)
+    await pump(log, lambda: not dispatcher.is_behind(session) and session.settled(), client.ack_all)
+    assert [x.payload for x in client.received()] == [b"%d" % i for i in range(2, 8)]

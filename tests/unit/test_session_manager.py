@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from frontend.mqtt.channel import Limits
 from frontend.mqtt.session import Session
 from frontend.retained import MemoryRetainedStore
@@ -111,11 +109,11 @@ async def test_resume_replays_what_was_missed_then_goes_live() -> None:
     owned = await connect(sessions, "dev")
     client = owned.holder
     assert isinstance(client, FakeClient)
-    resume = asyncio.ensure_future(sessions.resume(owned, stored))
-    await pump(log, resume.done, client.ack_all)
-    assert resume.exception() is None
-    assert [x.payload for x in client.received()] == [b"2", b"3", b"4"]
+    await sessions.resume(owned, stored)
     assert owned.replaying is None
+    dispatcher = sessions.dispatcher
+    await pump(log, lambda: not dispatcher.is_behind(owned.session), client.ack_all)
+    assert [x.payload for x in client.received()] == [b"2", b"3", b"4"]
 
 
 async def test_orphaned_wills_are_published_through_the_log_and_counted() -> None:
@@ -128,7 +126,7 @@ async def test_orphaned_wills_are_published_through_the_log_and_counted() -> Non
     assert sessions.orphaned_wills_published == 1 and sessions.wills_published == 1
 
 
-async def test_a_failed_catch_up_keeps_the_positions_it_resumed_from() -> None:
+async def test_a_failed_catch_up_is_reported_and_keeps_the_positions_it_resumed_from() -> None:
     p = ROUTER.route("a/1")[0]
     log = FakeLog({p: [message("a/1") for _ in range(5)]})
     sessions = manager(log)
@@ -138,11 +136,14 @@ async def test_a_failed_catch_up_keeps_the_positions_it_resumed_from() -> None:
     stored.positions = {p: 1}
     await released(sessions, owned)
     owned = await connect(sessions, "dev")
+    client = owned.holder
+    assert isinstance(client, FakeClient)
 
     async def unreadable(*_: object) -> None:
         raise TimeoutError("catch-up made no progress")
 
     log.reader.replay = unreadable  # type: ignore[method-assign]
-    with pytest.raises(TimeoutError):
-        await sessions.resume(owned, stored)
+    await sessions.resume(owned, stored)
+    await pump(log, lambda: bool(client.stream_errors), lambda: None)
+    assert isinstance(client.stream_errors[0], TimeoutError)
     assert sessions.snapshot(owned).positions == {p: 1}  # what the close will store

@@ -1,0 +1,222 @@
+"""Keeping the sessions this node owns in the store: saves, releases and the node's checkpoint.
+
+Cost follows activity.  An idle session is never written: every ``SAVE_INTERVAL`` the manager
+looks only at the persistent sessions that were given a message since (``Dispatcher.touched``)
+or still hold one, saves those whose in-flight window changed in one batch (``save_many``),
+and drops the ones that have settled.  Subscriptions are stored before their SUBACK, QoS 2 marks
+before their PUBREC.
+
+**Delivery positions are checkpointed per node, not per session.**  A live session's position
+in a partition is where the node's live stream is (``Subscriptions.dispatched``), unless it holds
+a message from further back (queued, in flight, or still to be read from the log while it
+catches up).  So each round the node writes one checkpoint: per partition, the lowest of its
+live stream and of what its active persistent sessions (and sessions whose release is not stored
+yet) still need.  That is one write per node per second whatever the number of sessions.  A
+session is stored with ``live_on`` (this node) and ``live_since`` (the number of the node's last
+checkpoint when it went live, and was counted in every checkpoint after).  Its stored positions
+are exact when released; if the node dies first, the next node takes, per partition, the later
+of the stored position and the dead node's checkpoint, if that was numbered after
+``live_since``: both are at or below what the session had been given, so nothing is lost and at
+most a second of messages comes twice (QoS 1/2 are at least once across a crash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from frontend.mqtt.session import Session, StoredSession
+from frontend.sessions.store import Lease, SessionStore
+from router import record
+from router.delivery import Subscriber
+from router.dispatch import Dispatcher
+
+log = logging.getLogger("headwater.sessions")
+
+SAVE_INTERVAL = 1.0
+"""Seconds between two rounds of saving changed sessions and writing the node's checkpoint."""
+
+
+class Holder(Subscriber, Protocol):
+    """The connection serving a session, as the session manager sees it."""
+
+    def lose_session(self) -> None:
+        """Another node took the session by force: close without publishing the will (the node
+        that took the session published it)."""
+
+
+@dataclass(slots=True)
+class Owned:
+    """A session this node owns, with the connection serving it."""
+
+    lease: Lease
+    session: Session
+    holder: Holder
+    replaying: StoredSession | None = None
+    """The stored state being resumed, until its subscriptions are registered again: its
+    positions are what a save writes meanwhile."""
+    closed: bool = False
+    live_since: int = 0
+    """The node's checkpoint number when the session went live here."""
+    saved: int = -1
+    """``session.changes`` when the session was last stored (-1: not since it went live)."""
+
+    @property
+    def persistent(self) -> bool:
+        return not self.session.clean
+
+
+class Saver:
+    """What the store holds of this node's sessions, kept up to date at the cost of activity."""
+
+    def __init__(self, node_id: str, store: SessionStore, dispatcher: Dispatcher) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.dispatcher = dispatcher
+        self._persistent: dict[str, Owned] = {}
+        """The persistent sessions served here."""
+        self._active: dict[str, Owned] = {}
+        """Of those, the ones given a message since the last round, or still holding one."""
+        self.releasing: dict[str, asyncio.Task[None]] = {}
+        self._unreleased: dict[str, tuple[Lease, StoredSession]] = {}
+        """Released persistent sessions whose state is not stored yet (retried each round)."""
+        self._task: asyncio.Task[None] | None = None
+        self._seq = 0
+        """The number of this node's last checkpoint."""
+        self._checkpointed: dict[int, int] = {}
+        self.checkpoints_written = 0
+        self.sessions_saved = 0
+
+    async def start(self) -> None:
+        """Continue this node id's checkpoint numbering, then save and checkpoint each round."""
+        self._seq, self._checkpointed = await self.store.read_checkpoint(self.node_id)
+        self._task = asyncio.get_running_loop().create_task(self._save_periodically())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self.releasing:
+            await asyncio.gather(*self.releasing.values(), return_exceptions=True)
+
+    def went_live(self, owned: Owned) -> None:
+        """``owned`` is served here from now on: counted in every checkpoint after this."""
+        owned.live_since = self._seq
+        if owned.persistent:
+            self._persistent[owned.lease.client_id] = owned
+            self._active[owned.lease.client_id] = owned
+
+    def snapshot(self, owned: Owned, live: bool = True) -> StoredSession:
+        if owned.replaying is not None:
+            positions = dict(owned.replaying.positions)
+        else:
+            positions = self.dispatcher.positions_for(owned.session)
+        state = owned.session.snapshot(positions, lambda out: record.encode(out.message))
+        if live:
+            state.live_on, state.live_since = self.node_id, owned.live_since
+        return state
+
+    async def save(self, owned: Owned) -> None:
+        """Store a persistent session now.  If the store says another node took it by force,
+        close its connection without the will (the node that took the session published it)."""
+        if not owned.persistent or owned.closed:
+            return
+        changes = owned.session.changes
+        self._saved(owned, changes, await self.store.save(owned.lease, self.snapshot(owned)))
+
+    def _saved(self, owned: Owned, changes: int, current: bool) -> None:
+        if current:
+            owned.saved = max(owned.saved, changes)
+            self.sessions_saved += 1
+        elif not owned.closed:
+            log.warning("client %s: session owned elsewhere now; closing", owned.lease.client_id)
+            owned.holder.lose_session()
+
+    def release(self, owned: Owned) -> None:
+        """The connection ended: store what lasts, in the background."""
+        owned.closed = True
+        state = self.snapshot(owned, live=False) if owned.persistent else None
+        client_id = owned.lease.client_id
+        for served in (self._persistent, self._active):
+            if served.get(client_id) is owned:
+                del served[client_id]
+        self.keep(owned.lease, state)
+
+    def keep(self, lease: Lease, state: StoredSession | None) -> None:
+        """Let go of ``lease``'s session, storing ``state`` (None: forget it), in the
+        background; a failure is retried each round."""
+        client_id = lease.client_id
+        if state is not None:
+            self._unreleased[client_id] = (lease, state)
+        task = asyncio.get_running_loop().create_task(self.store.release(lease, state))
+        self.releasing[client_id] = task
+        task.add_done_callback(lambda _: self._kept(lease, task))
+
+    def _kept(self, lease: Lease, task: asyncio.Task[None]) -> None:
+        client_id = lease.client_id
+        if self.releasing.get(client_id) is task:
+            del self.releasing[client_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("storing the session of %s failed: %s", client_id, task.exception())
+            return  # kept in _unreleased: the next round tries again
+        unreleased = self._unreleased.get(client_id)
+        if unreleased is not None and unreleased[0] == lease:
+            del self._unreleased[client_id]
+
+    async def _save_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(SAVE_INTERVAL)
+            try:
+                await self.save_round()
+            except Exception as exc:  # Redis down: keep serving, keep trying
+                log.warning("saving sessions failed: %s", exc)
+
+    async def save_round(self) -> None:
+        """Save the active sessions that changed, write the node's checkpoint if it moved,
+        retry releases that were not stored, and forget the sessions that settled."""
+        for client_id in self.dispatcher.touched:
+            owned = self._persistent.get(client_id)
+            if owned is not None:
+                self._active[client_id] = owned
+        self.dispatcher.touched.clear()
+        lowest = dict(self.dispatcher.subscriptions.dispatched)
+        saves: list[tuple[Owned, int, StoredSession]] = []
+        for client_id, owned in list(self._active.items()):
+            session = owned.session
+            if owned.replaying is not None:
+                _lower(lowest, owned.replaying.positions)
+            else:
+                _lower(lowest, self.dispatcher.positions_for(session))
+            for out in session.inflight.values():
+                if 0 <= out.offset < lowest.get(out.partition, out.offset + 1):
+                    lowest[out.partition] = out.offset
+            if session.changes != owned.saved:
+                saves.append((owned, session.changes, self.snapshot(owned)))
+            elif session.settled() and not self.dispatcher.is_behind(session):
+                del self._active[client_id]
+        for _, state in self._unreleased.values():
+            _lower(lowest, state.positions)
+        await self._checkpoint(lowest)
+        if saves:
+            answers = await self.store.save_many([(o.lease, state) for o, _, state in saves])
+            for (owned, changes, _), current in zip(saves, answers, strict=True):
+                self._saved(owned, changes, current)
+        for client_id, (lease, state) in list(self._unreleased.items()):
+            if client_id not in self.releasing:
+                self.keep(lease, state)
+
+    async def _checkpoint(self, positions: dict[int, int]) -> None:
+        if positions == self._checkpointed:
+            return
+        self._seq += 1
+        await self.store.checkpoint(self.node_id, self._seq, positions)
+        self._checkpointed = positions
+        self.checkpoints_written += 1
+
+
+def _lower(lowest: dict[int, int], positions: dict[int, int]) -> None:
+    """Per partition, the lower of ``lowest``'s and ``positions``' offsets, into ``lowest``."""
+    for partition, offset in positions.items():
+        if offset < lowest.get(partition, offset + 1):
+            lowest[partition] = offset

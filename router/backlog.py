@@ -1,0 +1,168 @@
+"""The log is the queue: clients read from the log what they could not be given live.
+
+A client whose queue is full when a QoS 1/2 record comes for it is
+not given the record: it *falls behind*.  From then on live records are not queued for it
+(``Client.behind`` holds, per partition, the next offset it needs), and a catch-up task reads
+them back from the log in rounds, each from where the client is to where the live stream has got
+to (``Subscriptions.dispatched``), handing records over only while its queue has room.  When a
+round ends and the live stream has not moved past it, the client is live again, in the same step
+of the event loop: the next live record of each partition is the one after the round's end, so
+there is no gap and no duplicate at the switch.  ``--max-queued`` bounds memory, not delivery;
+only QoS 0 messages are dropped for a slow client (counted).  A persistent session that returns
+starts behind, at its stored positions, and goes through the same rounds.
+
+Records that waited for a pending subscription (``router.subscriptions``) are older than the
+live stream: if one finds the client behind, its offset goes into ``Client.rewind`` and the next
+round starts there.  A catch-up that cannot read the log (``router.catchup`` gives up after its
+stall timeout) is reported to the client's subscriber, which closes the connection; the stored
+positions stay where the client was, so the next connection reads on from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from frontend.mqtt import topics
+from frontend.mqtt.session import Outbound
+from router.delivery import Client, Counters, delivery_qos, template_for
+from router.log import KafkaLog
+from router.record import Record
+from router.subscriptions import Subscriptions
+
+log = logging.getLogger("headwater.backlog")
+
+
+class Backlog:
+    """The clients of this node that are behind, and the rounds that catch them up."""
+
+    def __init__(
+        self,
+        log_: KafkaLog,
+        subscriptions: Subscriptions,
+        counters: Counters,
+        deliver: Callable[[Client, Outbound], None],
+    ) -> None:
+        self.log = log_
+        self.subscriptions = subscriptions
+        self.counters = counters
+        self._deliver = deliver
+
+    @staticmethod
+    def needed(client: Client, positions: dict[int, int]) -> None:
+        """Lower ``positions`` to what ``client`` still needs from the log, if it is behind."""
+        if client.behind is not None:
+            for needed in (client.behind, client.rewind):
+                for partition, offset in needed.items():
+                    positions[partition] = min(offset, positions.get(partition, offset))
+
+    def start(self, client: Client, positions: dict[int, int]) -> None:
+        """Catch ``client`` up from ``positions`` (a returning session's stored ones)."""
+        client.behind = positions
+        self._catch_up(client)
+
+    def stop(self, client: Client) -> None:
+        if client.catching_up is not None:
+            client.catching_up.cancel()
+
+    def fall_behind(self, client: Client, rec: Record, qos: int) -> None:
+        """``client`` is not given ``rec`` live: a QoS 0 one is dropped (counted); a QoS 1/2
+        one is read back from the log later, with everything after it."""
+        if not qos:
+            self.counters.messages_dropped += 1
+            return
+        behind = client.behind
+        if behind is None:
+            behind = client.behind = self.subscriptions.stream_positions(client.session)
+            self.counters.fell_behind += 1
+            self._catch_up(client)
+        at = behind.get(rec.partition)
+        if at is None:
+            behind[rec.partition] = rec.offset
+        elif rec.offset < at:
+            rewind = client.rewind
+            rewind[rec.partition] = min(rec.offset, rewind.get(rec.partition, rec.offset))
+
+    def _catch_up(self, client: Client) -> None:
+        task = asyncio.get_running_loop().create_task(self._read_behind(client))
+        client.catching_up = task
+        task.add_done_callback(lambda done: self._caught_up(client, done))
+
+    def _caught_up(self, client: Client, task: asyncio.Task[None]) -> None:
+        if client.catching_up is task:
+            client.catching_up = None
+        if not task.cancelled() and (error := task.exception()) is not None:
+            client.subscriber.stream_failed(error)
+
+    async def _read_behind(self, client: Client) -> None:
+        """Rounds of catch-up from where ``client`` is to where the live stream has got to,
+        until a round ends where the live stream still is: then it is live again."""
+        session = client.session
+        behind = client.behind
+        assert behind is not None
+        dispatched = self.subscriptions.dispatched
+        first = True
+        while True:
+            for partition, offset in client.rewind.items():
+                behind[partition] = min(offset, behind.get(partition, offset))
+            client.rewind.clear()
+            ranges = {
+                p: (at, dispatched[p]) for p, at in behind.items() if at < dispatched.get(p, at)
+            }
+            if not ranges:
+                client.behind = None  # the next live record of each partition follows on
+                return
+            if first:
+                await self._skip_expired(session.client_id, ranges)
+                first = False
+            self.counters.messages_replayed += await self._replay(client, ranges)
+            for partition, (_, end) in ranges.items():
+                behind[partition] = max(end, behind[partition])
+
+    async def _replay(self, client: Client, ranges: dict[int, tuple[int, int]]) -> int:
+        """Hand ``client`` the QoS 1/2 records of ``ranges`` matching its plain subscriptions,
+        while its queue has room; the number handed over."""
+        session = client.session
+        behind = client.behind
+        assert behind is not None
+        filters = {f: q for f, q in session.subscriptions.items() if not topics.parse_shared(f)}
+        resent = {(o.partition, o.offset) for o in session.inflight.values()}
+        delivered = 0
+
+        def take(rec: Record) -> bool:
+            nonlocal delivered
+            if (rec.partition, rec.offset) in resent:
+                return True
+            topic = rec.message.topic
+            granted = max((q for f, q in filters.items() if topics.matches(f, topic)), default=0)
+            qos = delivery_qos(granted, rec.message.qos)
+            if qos:
+                if not session.has_room():
+                    return False
+                template = template_for(rec.message, qos, {})
+                out = Outbound(
+                    rec.message, qos, False, template, 0, False, rec.partition, rec.offset
+                )
+                self._deliver(client, out)
+                delivered += 1
+            behind[rec.partition] = rec.offset + 1
+            return True
+
+        await self.log.reader.replay(ranges, take, session.half_empty)
+        return delivered
+
+    async def _skip_expired(self, client_id: str, ranges: dict[int, tuple[int, int]]) -> None:
+        """Records retention already removed cannot be replayed: count them and go on."""
+        wanted = [p for p, (start, end) in ranges.items() if start < end]
+        for partition, low in (await self.log.low_watermarks(wanted)).items():
+            start, end = ranges[partition]
+            if start < low:
+                lost = min(low, end) - start
+                self.counters.retention_lost += lost
+                log.warning(
+                    "session %s: %d records of partition %d were removed by retention "
+                    "before it came back; continuing without them",
+                    client_id, lost, partition,
+                )  # fmt: skip
+                ranges[partition] = (min(low, end), end)

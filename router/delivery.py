@@ -1,0 +1,68 @@
+"""What every path of delivery shares: the QoS rule, the client as delivery sees it, counters.
+
+``router.dispatch`` decides who gets a record live, retained or shared; ``router.backlog`` hands
+clients what they missed from the log.  Both deliver through the same :class:`Client` with the
+QoS of :func:`delivery_qos`, and count in the same :class:`Counters`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from frontend.mqtt.codec import PublishTemplate
+from frontend.mqtt.message import Message
+from frontend.mqtt.session import Outbound, Session
+
+
+def delivery_qos(granted: int, message_qos: int) -> int:
+    """The QoS a client gets a message at: the highest QoS its matching subscriptions granted
+    (``granted``), capped by the message's own [MQTT-3.3.5-1]."""
+    return granted if granted < message_qos else message_qos
+
+
+def template_for(message: Message, qos: int, cache: dict[int, PublishTemplate]) -> PublishTemplate:
+    """The PUBLISH of ``message`` at ``qos``, encoded once per record and QoS (``cache``)."""
+    template = cache.get(qos)
+    if template is None:
+        template = cache[qos] = PublishTemplate(message.topic, message.payload, qos)
+    return template
+
+
+class Subscriber(Protocol):
+    """A connected client, as the dispatcher sees it."""
+
+    def deliver(self, out: Outbound) -> None:
+        """Send (or queue) one message for the client."""
+
+    def takeover(self) -> None:
+        """Another connection is taking this client id: close, publishing the will."""
+
+    def stream_failed(self, error: BaseException) -> None:
+        """What the client missed could not be read from the log: close, keeping the stored
+        positions for the next connection."""
+
+
+@dataclass(slots=True)
+class Counters:
+    records_dispatched: int = 0
+    messages_delivered: int = 0
+    messages_dropped: int = 0
+    messages_replayed: int = 0
+    retention_lost: int = 0
+    fell_behind: int = 0
+    """Times a connected client's queue was full for a QoS 1/2 record: it read on from the log."""
+
+
+@dataclass(slots=True, eq=False)
+class Client:
+    session: Session
+    subscriber: Subscriber
+    behind: dict[int, int] | None = None
+    """While it catches up from the log: per partition, the next offset it needs."""
+    rewind: dict[int, int] = field(default_factory=dict)
+    """Offsets below ``behind`` found needed during a round (records that waited for a pending
+    subscription): the next round starts there."""
+    catching_up: asyncio.Task[None] | None = None
+    """The task reading what it missed from the log, while it is behind."""
