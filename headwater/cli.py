@@ -2,19 +2,29 @@
 
 Argument parsing and dispatch only; the work lives in headwater.devcluster and headwater.services.
 A `HeadwaterError` (something the user can fix) is printed as `headwater: error: <message>` on
-stderr with exit code 1 and no traceback. `frontend` hands the rest of the command line, unparsed,
-to `frontend.node.main`.
+stderr with exit code 1 and no traceback; a warning of the tooling (the `headwater` loggers) as
+`headwater: warning: <message>`. `frontend` hands the rest of the command line, unparsed, to
+`frontend.node.main`, which sets up its own logging.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from headwater.errors import HeadwaterError, SettingError
-from headwater.settings import KAFKA_BOOTSTRAP_ENV, external_kafka_bootstrap, mqtt_port
+from headwater.settings import (
+    KAFKA_BOOTSTRAP_ENV,
+    KAFKA_BROKERS_ENV,
+    MIN_INSYNC_REPLICAS_ENV,
+    REPLICATION_FACTOR_ENV,
+    external_kafka_bootstrap,
+    mqtt_port,
+    replication,
+)
 from router.topics import DEFAULT_PARTITIONS
 
 DEFAULT_STATE_DIR = Path(".headwater")
@@ -43,6 +53,9 @@ def _dev_up(args: argparse.Namespace) -> int:
         port=mqtt_port(args.port),
         state_dir=args.state_dir,
         partitions=args.partitions,
+        kafka_brokers=args.kafka_brokers,
+        replication_factor=args.replication_factor,
+        min_insync_replicas=args.min_insync_replicas,
     )
     return run_up(options)
 
@@ -54,7 +67,7 @@ def _dev_down(args: argparse.Namespace) -> int:
 
 
 def _topics_create(args: argparse.Namespace) -> int:
-    from headwater.services.kafka_admin import check_reachable, ensure_topic
+    from headwater.services.kafka_admin import broker_count, check_reachable, ensure_topic
     from router.topics import project_topics
 
     bootstrap = args.kafka_bootstrap or external_kafka_bootstrap()
@@ -63,9 +76,20 @@ def _topics_create(args: argparse.Namespace) -> int:
             f"no Kafka to talk to: pass --kafka-bootstrap or set {KAFKA_BOOTSTRAP_ENV}"
         )
     check_reachable(bootstrap, setting=f"--kafka-bootstrap / {KAFKA_BOOTSTRAP_ENV}")
-    for topic in project_topics(args.partitions):
-        ensure_topic(bootstrap, topic.name, topic.partitions, topic.config)
-        print(f"headwater: topic {topic.name} ready ({topic.partitions} partitions)")
+    brokers = broker_count(bootstrap)
+    replicas = replication(args.replication_factor, args.min_insync_replicas, brokers)
+    for topic in project_topics(args.partitions, replicas):
+        ensure_topic(
+            bootstrap,
+            topic.name,
+            topic.partitions,
+            topic.config,
+            replication_factor=topic.replication_factor,
+        )
+        print(
+            f"headwater: topic {topic.name} ready ({topic.partitions} partitions, "
+            f"replication factor {replicas.factor}, min ISR {replicas.min_insync})"
+        )
     return 0
 
 
@@ -83,6 +107,21 @@ def run_analytics(argv: list[str]) -> int:
     return int(analytics_main(argv))
 
 
+def _add_replication(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--replication-factor",
+        type=_positive,
+        default=None,
+        help=f"copies of each partition (${REPLICATION_FACTOR_ENV}; default: brokers, at most 3)",
+    )
+    parser.add_argument(
+        "--min-insync-replicas",
+        type=_positive,
+        default=None,
+        help=f"copies a write needs (${MIN_INSYNC_REPLICAS_ENV}; default: factor - 1, at least 1)",
+    )
+
+
 def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = commands.add_parser("dev", help="a whole cluster on this machine")
     dev_commands = dev.add_subparsers(dest="dev_command", required=True, metavar="COMMAND")
@@ -91,6 +130,13 @@ def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     up.add_argument("--port", type=int, default=None, help="MQTT port (default 1883)")
     up.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="default .headwater")
     up.add_argument("--partitions", type=_positive, default=DEFAULT_PARTITIONS)
+    up.add_argument(
+        "--kafka-brokers",
+        type=_positive,
+        default=None,
+        help=f"local Kafka brokers (${KAFKA_BROKERS_ENV}; default 1)",
+    )
+    _add_replication(up)
     up.add_argument("--foreground", action="store_true", help="the default: stay attached")
     up.set_defaults(handler=_dev_up)
     down = dev_commands.add_parser("down", help="stop a running `dev up`")
@@ -104,6 +150,7 @@ def _add_topics(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     create = topic_commands.add_parser("create", help="create the topics if missing")
     create.add_argument("--kafka-bootstrap", default=None, help=f"default ${KAFKA_BOOTSTRAP_ENV}")
     create.add_argument("--partitions", type=_positive, default=DEFAULT_PARTITIONS)
+    _add_replication(create)
     create.set_defaults(handler=_topics_create)
 
 
@@ -120,6 +167,19 @@ def _add_stats(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("url", nargs="*", help="a node's http://host:port/stats (default: dev up)")
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     parser.set_defaults(handler=_stats)
+
+
+class _WarningPrinter(logging.Handler):
+    """Prints a warning of the tooling as `headwater: warning: <message>` on the current stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"headwater: {record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
+
+
+def _install_warning_printer() -> None:
+    logger = logging.getLogger("headwater")
+    if not any(isinstance(handler, _WarningPrinter) for handler in logger.handlers):
+        logger.addHandler(_WarningPrinter(logging.WARNING))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if args_list[:1] == ["analytics"]:
             return run_analytics(args_list[1:])
         args = build_parser().parse_args(args_list)
+        _install_warning_printer()
         handler: Handler = args.handler
         return handler(args)
     except HeadwaterError as exc:

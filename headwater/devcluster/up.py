@@ -1,9 +1,12 @@
 """`headwater dev up`: start a whole cluster, hold it until told to stop, then stop it all.
 
 Order of start: checks first (port free, programs installed, settings valid: nothing is started if
-one fails), then Kafka, Redis, topics, front-end nodes, HAProxy. Each stop is pushed on an ExitStack
-as its service starts, so any failure, Ctrl-C or SIGTERM unwinds exactly what was started, newest
-first. Signals only set an Event; every wait polls it, so no signal interrupts a half-done step.
+one fails), then Kafka, Redis, topics, front-end nodes, HAProxy. Kafka is `--kafka-brokers` local
+KRaft nodes or an external one; the topics' replication is checked against the broker count before
+anything starts, or for an external Kafka as soon as it answers. Each stop is pushed on an
+ExitStack as its service starts, so any failure, Ctrl-C or SIGTERM unwinds exactly what was
+started, newest first. Signals only set an Event; every wait polls it, so no signal interrupts a
+half-done step.
 
 While up, the children are watched: if one exits, the cluster is stopped and the exit reported.
 """
@@ -34,12 +37,19 @@ from headwater.devcluster.state import (
 from headwater.errors import Cancelled, ServiceError, SettingError
 from headwater.services import kafka_admin, redis_server
 from headwater.services.haproxy import LocalHAProxy, Server, require_haproxy
-from headwater.services.kafka import LocalKafka
+from headwater.services.kafka import LocalKafkaCluster
 from headwater.services.ports import LOOPBACK, ensure_port_free
 from headwater.services.process import ChildProcess, start_ticks, terminate_group
 from headwater.services.redis_server import LocalRedis, redact, require_redis_server
-from headwater.settings import external_kafka_bootstrap, external_redis_url
-from router.topics import project_topics
+from headwater.settings import (
+    KAFKA_BOOTSTRAP_ENV,
+    KAFKA_BROKERS_SETTING,
+    external_kafka_bootstrap,
+    external_redis_url,
+    kafka_brokers,
+    replication,
+)
+from router.topics import Replication, project_topics
 
 PORT_SETTING = "--port / HEADWATER_PORT"
 READY_LINE = "headwater: ready (Ctrl-C to stop)"
@@ -53,6 +63,9 @@ class UpOptions:
     port: int
     state_dir: Path
     partitions: int
+    kafka_brokers: int | None = None
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
 
 
 class DevCluster:
@@ -68,6 +81,7 @@ class DevCluster:
         self.state_dir = options.state_dir.resolve()
         self.stack = contextlib.ExitStack()
         self.children: list[ChildProcess] = []
+        self.kafka_brokers = 0  # local brokers; 0 with an external Kafka
         pid = os.getpid()
         self.state = ClusterState(parent=ProcessRecord("headwater dev up", pid, start_ticks(pid)))
 
@@ -83,8 +97,10 @@ class DevCluster:
         """Fail before starting anything if a setting, port or program is wrong."""
         self.claim_state_dir()
         ensure_port_free(self.options.port, PORT_SETTING)
-        if external_kafka_bootstrap(self.env) is None:
-            LocalKafka(self.state_dir / "kafka", env=self.env).preflight()
+        self.kafka_brokers = self.local_brokers()
+        if self.kafka_brokers:
+            self.topic_replication(self.kafka_brokers)  # refuses one the brokers cannot give
+            self.local_kafka(self.kafka_brokers).preflight(KAFKA_BROKERS_SETTING)
         if external_redis_url(self.env) is None:
             require_redis_server()
         require_haproxy()
@@ -109,20 +125,47 @@ class DevCluster:
         self.stack.callback(remove_state, self.state_dir)
         bootstrap = self.start_kafka()
         redis_url = self.start_redis()
-        self.create_topics(bootstrap)
+        brokers = self.kafka_brokers or kafka_admin.broker_count(bootstrap)
+        self.create_topics(bootstrap, self.topic_replication(brokers))
         specs = self.start_nodes(bootstrap, redis_url)
         self.start_haproxy(specs)
+
+    def local_brokers(self) -> int:
+        """How many Kafka brokers to run here (default 1); 0 with an external Kafka."""
+        asked = kafka_brokers(self.options.kafka_brokers, self.env)
+        if external_kafka_bootstrap(self.env) is None:
+            return asked or 1
+        if asked is not None:
+            raise SettingError(
+                f"{KAFKA_BROKERS_SETTING} asks for local Kafka brokers, but "
+                f"{KAFKA_BOOTSTRAP_ENV} names an external Kafka: unset one of them"
+            )
+        return 0
+
+    def local_kafka(self, brokers: int) -> LocalKafkaCluster:
+        return LocalKafkaCluster(
+            self.state_dir / "kafka", brokers, cancel=self.cancel, env=self.env
+        )
+
+    def topic_replication(self, brokers: int) -> Replication:
+        """The topics' replication asked for, checked against `brokers` brokers."""
+        options = self.options
+        return replication(
+            options.replication_factor, options.min_insync_replicas, brokers, self.env
+        )
 
     def start_kafka(self) -> str:
         external = external_kafka_bootstrap(self.env)
         if external is not None:
             kafka_admin.check_reachable(external)
             return self._endpoint("kafka", external)
-        self._say("starting Kafka...")
-        kafka = LocalKafka(self.state_dir / "kafka", cancel=self.cancel, env=self.env)
+        brokers = self.kafka_brokers
+        self._say(f"starting Kafka ({brokers} broker{'s' if brokers > 1 else ''})...")
+        kafka = self.local_kafka(brokers)
         self.stack.callback(kafka.stop)
         started = time.monotonic()
-        self._track(kafka.launch())
+        for child in kafka.launch():
+            self._track(child)
         bootstrap = kafka.wait_ready()
         self._say(f"Kafka ready at {bootstrap} in {time.monotonic() - started:.1f}s")
         return self._endpoint("kafka", bootstrap)
@@ -138,10 +181,19 @@ class DevCluster:
         url = redis.wait_ready()
         return self._endpoint("redis", url)
 
-    def create_topics(self, bootstrap: str) -> None:
-        for topic in project_topics(self.options.partitions):
-            kafka_admin.ensure_topic(bootstrap, topic.name, topic.partitions, topic.config)
-            self.state.endpoints[f"topic {topic.name}"] = f"{topic.partitions} partitions"
+    def create_topics(self, bootstrap: str, replicas: Replication) -> None:
+        for topic in project_topics(self.options.partitions, replicas):
+            kafka_admin.ensure_topic(
+                bootstrap,
+                topic.name,
+                topic.partitions,
+                topic.config,
+                replication_factor=topic.replication_factor,
+            )
+            self.state.endpoints[f"topic {topic.name}"] = (
+                f"{topic.partitions} partitions, replication factor {replicas.factor}, "
+                f"min ISR {replicas.min_insync}"
+            )
 
     def start_nodes(self, bootstrap: str, redis_url: str) -> list[NodeSpec]:
         specs = node_specs(self.options.nodes, bootstrap, redis_url, self.options.partitions)

@@ -1,12 +1,16 @@
 """Talking to a Kafka cluster as an administrator: reachability and topic creation.
 
-`ensure_topic` is idempotent: it creates the topic with an explicit partition count and settings,
-accepts an existing topic with the same count, and refuses one with a different count (partitions
-cannot be merged, and Headwater's MQTT-topic -> partition mapping depends on the count). It returns
-only once every partition has a leader, so a producer can write at once.
+`ensure_topic` is idempotent: it creates the topic with an explicit partition count, replication
+factor and settings, accepts an existing topic with the same count, and refuses one with a
+different count (partitions cannot be merged, and Headwater's MQTT-topic -> partition mapping
+depends on the count). An existing topic whose replication factor or settings differ from those
+asked for is used as it is, with a warning naming each difference on the `headwater.kafka` logger:
+re-replicating or reconfiguring a live topic is an operator's decision. It returns only once every
+partition has a leader, so a producer can write at once.
 
-librdkafka's own log lines go to the `headwater.kafka.client` logger, which has a NullHandler: an
-unreachable cluster is reported once, by the exception raised here, not by a stream of log lines.
+librdkafka's own log lines go to the `headwater.kafka.client` logger, which has a NullHandler and
+does not propagate: an unreachable cluster is reported once, by the exception raised here, not by a
+stream of log lines.
 """
 
 from __future__ import annotations
@@ -16,7 +20,12 @@ import threading
 import time
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    ResourceType,
+    TopicMetadata,
+)
 from confluent_kafka.cimpl import NewTopic
 
 from headwater.errors import ServiceError
@@ -24,8 +33,10 @@ from headwater.services.process import ChildProcess
 from headwater.services.readiness import wait_until
 from headwater.settings import KAFKA_BOOTSTRAP_ENV
 
+log = logging.getLogger("headwater.kafka")
 CLIENT_LOGGER = logging.getLogger("headwater.kafka.client")
 CLIENT_LOGGER.addHandler(logging.NullHandler())
+CLIENT_LOGGER.propagate = False
 
 
 class TopicMismatchError(ServiceError):
@@ -37,12 +48,17 @@ def admin_client(bootstrap: str) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap}, logger=CLIENT_LOGGER)
 
 
-def answers(bootstrap: str, timeout: float = 1.0) -> bool:
-    """True if a broker at `bootstrap` returns metadata naming at least one broker."""
+def answers(bootstrap: str, timeout: float = 1.0, brokers: int = 1) -> bool:
+    """True if a broker at `bootstrap` returns metadata naming at least `brokers` brokers."""
     try:
-        return bool(admin_client(bootstrap).list_topics(timeout=timeout).brokers)
+        return len(admin_client(bootstrap).list_topics(timeout=timeout).brokers) >= brokers
     except KafkaException:
         return False
+
+
+def broker_count(bootstrap: str, timeout: float = 10.0) -> int:
+    """How many live brokers the Kafka at `bootstrap` has."""
+    return len(admin_client(bootstrap).list_topics(timeout=timeout).brokers)
 
 
 def check_reachable(
@@ -86,19 +102,16 @@ def ensure_topic(
 ) -> None:
     """Create topic `name` unless it exists with the same partition count; then wait for leaders."""
     admin = admin_client(bootstrap)
-    existing = _partition_count(admin, name, timeout)
+    existing = _metadata(admin, name, timeout)
     if existing is None:
         existing = _create(admin, NewTopic(name, partitions, replication_factor, config=config))
-    if existing is not None and existing != partitions:
-        raise TopicMismatchError(
-            f"Kafka topic {name} exists with {existing} partitions, not {partitions}: "
-            "delete it (or the state directory) or ask for the same count"
-        )
+    if existing is not None:
+        _check_existing(admin, name, existing, partitions, replication_factor, config)
     _wait_for_leaders(admin, name, partitions, timeout)
 
 
-def _partition_count(admin: AdminClient, name: str, timeout: float) -> int | None:
-    """How many partitions topic `name` has, or None if it does not exist.
+def _metadata(admin: AdminClient, name: str, timeout: float) -> TopicMetadata | None:
+    """The metadata of topic `name`, or None if it does not exist.
 
     All topics are listed rather than just `name`, so that a cluster with auto-creation enabled does
     not create the topic with its default partition count in answer to the question.
@@ -106,20 +119,82 @@ def _partition_count(admin: AdminClient, name: str, timeout: float) -> int | Non
     topic = admin.list_topics(timeout=timeout).topics.get(name)
     if topic is None or topic.error is not None:
         return None
-    return len(topic.partitions)
+    return topic
 
 
-def _create(admin: AdminClient, topic: NewTopic) -> int | None:
-    """Create `topic`; if someone else just did, return its partition count instead."""
+def _create(admin: AdminClient, topic: NewTopic) -> TopicMetadata | None:
+    """Create `topic`; if someone else just did, return the existing one's metadata instead."""
     future = admin.create_topics([topic], operation_timeout=30)[topic.topic]
     try:
         future.result()
     except KafkaException as exc:
-        error = exc.args[0]
-        if not isinstance(error, KafkaError) or error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise ServiceError(f"cannot create Kafka topic {topic.topic}: {error}") from None
-        return _partition_count(admin, topic.topic, 10.0)
+        if _code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise ServiceError(f"cannot create Kafka topic {topic.topic}: {exc.args[0]}") from None
+        return _metadata(admin, topic.topic, 10.0)
     return None
+
+
+def _check_existing(
+    admin: AdminClient,
+    name: str,
+    topic: TopicMetadata,
+    partitions: int,
+    replication_factor: int,
+    config: dict[str, str],
+) -> None:
+    """Refuse another partition count; warn of another replication factor or setting."""
+    if len(topic.partitions) != partitions:
+        raise TopicMismatchError(
+            f"Kafka topic {name} exists with {len(topic.partitions)} partitions, not {partitions}: "
+            "delete it (or the state directory) or ask for the same count"
+        )
+    replicas = min(len(p.replicas) for p in topic.partitions.values())
+    if replicas != replication_factor:
+        log.warning(
+            "Kafka topic %s exists with replication factor %d, not %d: it is used as it is "
+            "(kafka-reassign-partitions can change it)",
+            name, replicas, replication_factor,
+        )  # fmt: skip
+    if not config:
+        return
+    actual = topic_config(admin, name)
+    for key, wanted in config.items():
+        if key in actual and actual[key] != wanted:
+            log.warning(
+                "Kafka topic %s exists with %s=%s, not %s: it is used as it is "
+                "(kafka-configs --alter can change it)",
+                name, key, actual[key], wanted,
+            )  # fmt: skip
+
+
+def topic_config(admin: AdminClient, name: str, timeout: float = 10.0) -> dict[str, str]:
+    """Every setting of topic `name`, as Kafka reports it.
+
+    A broker that has not yet heard of a topic just created elsewhere says it does not exist, so
+    that answer is retried until `timeout`.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _describe_config(admin, name, timeout)
+        except KafkaException as exc:
+            if _code(exc) != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() >= deadline:
+                raise ServiceError(
+                    f"cannot read the settings of Kafka topic {name}: {exc.args[0]}"
+                ) from None
+        time.sleep(0.1)
+
+
+def _describe_config(admin: AdminClient, name: str, timeout: float) -> dict[str, str]:
+    resource = ConfigResource(ResourceType.TOPIC, name)
+    entries = admin.describe_configs([resource])[resource].result(timeout=timeout)
+    return {key: entry.value for key, entry in entries.items()}
+
+
+def _code(exc: KafkaException) -> int | None:
+    """The Kafka error code `exc` carries, if it carries one."""
+    error = exc.args[0] if exc.args else None
+    return error.code() if isinstance(error, KafkaError) else None
 
 
 def _wait_for_leaders(admin: AdminClient, name: str, partitions: int, timeout: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -24,13 +25,25 @@ from headwater.devcluster.state import (
 from headwater.errors import MissingProgramError, ServiceError, SettingError
 from headwater.services.haproxy import Server, render_config
 from headwater.services.java import java_major_version, require_java
-from headwater.services.kafka import KafkaPorts, new_cluster_id, render_server_properties
+from headwater.services.kafka import (
+    KafkaPorts,
+    LocalKafkaCluster,
+    Quorum,
+    new_cluster_id,
+    render_server_properties,
+)
 from headwater.services.ports import ensure_port_free, free_port, port_accepts
 from headwater.services.process import ChildProcess, ProcessIdentity, find_program
 from headwater.services.readiness import wait_until
 from headwater.services.redis_server import redact
-from headwater.settings import external_kafka_bootstrap, external_redis_url, mqtt_port
-from router.topics import MESSAGES_TOPIC, project_topics
+from headwater.settings import (
+    external_kafka_bootstrap,
+    external_redis_url,
+    kafka_brokers,
+    mqtt_port,
+    replication,
+)
+from router.topics import MESSAGES_TOPIC, Replication, project_topics
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -38,7 +51,7 @@ def _properties(text: str) -> dict[str, str]:
 
 
 def test_kafka_config_is_a_loopback_kraft_single_node(tmp_path: Path) -> None:
-    props = _properties(render_server_properties(tmp_path, KafkaPorts(9001, 9002)))
+    props = _properties(render_server_properties(tmp_path, Quorum({1: KafkaPorts(9001, 9002)})))
     assert props["process.roles"] == "broker,controller"
     assert props["controller.quorum.voters"] == "1@127.0.0.1:9002"
     assert props["listeners"] == "PLAINTEXT://127.0.0.1:9001,CONTROLLER://127.0.0.1:9002"
@@ -47,7 +60,57 @@ def test_kafka_config_is_a_loopback_kraft_single_node(tmp_path: Path) -> None:
     assert props["group.initial.rebalance.delay.ms"] == "0"
     assert props["offsets.topic.replication.factor"] == "1"
     assert props["transaction.state.log.replication.factor"] == "1"
+    assert props["transaction.state.log.min.isr"] == "1"
     assert props["log.dirs"] == str(tmp_path)
+    assert "broker.session.timeout.ms" not in props
+
+
+def test_kafka_config_of_a_three_node_quorum_replicates_internal_topics(tmp_path: Path) -> None:
+    quorum = Quorum({i: KafkaPorts(9000 + i, 9100 + i) for i in (1, 2, 3)})
+    assert quorum.bootstrap == "127.0.0.1:9001,127.0.0.1:9002,127.0.0.1:9003"
+    props = _properties(render_server_properties(tmp_path, quorum, node_id=2))
+    assert props["node.id"] == "2"
+    assert props["controller.quorum.voters"] == (
+        "1@127.0.0.1:9101,2@127.0.0.1:9102,3@127.0.0.1:9103"
+    )
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9002,CONTROLLER://127.0.0.1:9102"
+    for topic in ("offsets.topic", "transaction.state.log", "share.coordinator.state.topic"):
+        assert props[f"{topic}.replication.factor"] == "3"
+    assert props["transaction.state.log.min.isr"] == "2"
+    assert props["share.coordinator.state.topic.min.isr"] == "2"
+    assert int(props["broker.session.timeout.ms"]) < 9000  # a dead broker is fenced sooner
+
+
+def test_a_cluster_lays_out_one_directory_per_broker(tmp_path: Path) -> None:
+    assert [n.state_dir for n in LocalKafkaCluster(tmp_path, 1).nodes] == [tmp_path]
+    three = LocalKafkaCluster(tmp_path, 3)
+    assert [n.state_dir for n in three.nodes] == [tmp_path / f"broker{i}" for i in (1, 2, 3)]
+    assert [n.node_id for n in three.nodes] == [1, 2, 3]
+    assert [n.heap for n in three.nodes] == ["512m"] * 3
+
+
+def _formatted(directory: Path) -> None:
+    (directory / "data").mkdir(parents=True)
+    (directory / "data" / "meta.properties").write_text("cluster.id=x\n")
+
+
+def test_kafka_data_of_another_cluster_size_is_refused(tmp_path: Path) -> None:
+    _formatted(tmp_path)  # a one-broker cluster's node lives in the directory itself
+    LocalKafkaCluster(tmp_path, 1).check_layout()
+    with pytest.raises(SettingError) as caught:
+        LocalKafkaCluster(tmp_path, 3).check_layout("--kafka-brokers")
+    assert str(caught.value) == (
+        f"the Kafka data in {tmp_path} is for 1 broker(s), not 3 (setting --kafka-brokers): "
+        "ask for 1 or remove the directory"
+    )
+    three = tmp_path / "three"
+    for i in (1, 2, 3):
+        _formatted(three / f"broker{i}")
+    LocalKafkaCluster(three, 3).check_layout()
+    with pytest.raises(SettingError, match="is for 3 broker"):
+        LocalKafkaCluster(three, 1).check_layout()
+    with pytest.raises(SettingError, match="is for 3 broker"):
+        LocalKafkaCluster(three, 2).check_layout()
 
 
 def test_cluster_ids_are_22_url_safe_characters_never_read_as_an_option() -> None:
@@ -87,6 +150,66 @@ def test_the_messages_topic_is_named_once() -> None:
     (topic,) = project_topics(6)
     assert topic.name == MESSAGES_TOPIC == "headwater.messages"
     assert topic.partitions == 6
+    assert topic.replication_factor == 1
+    assert topic.config["min.insync.replicas"] == "1"
+
+
+def test_the_messages_topic_is_replicated_as_asked() -> None:
+    (topic,) = project_topics(6, Replication(3, 2))
+    assert topic.replication_factor == 3
+    assert topic.config["min.insync.replicas"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("brokers", "expected"),
+    [
+        (1, Replication(1, 1)),
+        (2, Replication(2, 1)),
+        (3, Replication(3, 2)),
+        (5, Replication(3, 2)),
+    ],
+)
+def test_replication_defaults_follow_the_broker_count(brokers: int, expected: Replication) -> None:
+    assert replication(None, None, brokers, {}) == expected
+
+
+def test_replication_comes_from_flags_then_the_environment() -> None:
+    env = {"HEADWATER_REPLICATION_FACTOR": "2", "HEADWATER_MIN_INSYNC_REPLICAS": "2"}
+    assert replication(None, None, 3, env) == Replication(2, 2)
+    assert replication(3, 1, 3, env) == Replication(3, 1)
+    # a factor given without a min ISR takes the default one for that factor
+    assert replication(None, None, 3, {"HEADWATER_REPLICATION_FACTOR": "3"}) == Replication(3, 2)
+    assert replication(2, None, 3, {}) == Replication(2, 1)
+
+
+def test_replication_settings_are_validated_naming_the_setting() -> None:
+    with pytest.raises(SettingError) as caught:
+        replication(None, 2, 1, {})
+    assert str(caught.value) == (
+        "--min-insync-replicas: 2 in-sync replicas is more than the replication factor, 1 "
+        "(--replication-factor / HEADWATER_REPLICATION_FACTOR): no write could ever be "
+        "acknowledged"
+    )
+    with pytest.raises(SettingError, match=r"^HEADWATER_MIN_INSYNC_REPLICAS: 3 in-sync .*, 2 "):
+        replication(2, None, 3, {"HEADWATER_MIN_INSYNC_REPLICAS": "3"})
+    with pytest.raises(SettingError) as caught:
+        replication(3, None, 1, {})
+    assert str(caught.value) == (
+        "--replication-factor: replication factor 3 needs 3 Kafka brokers, the Kafka has 1 "
+        "(a local Kafka's count is --kafka-brokers / HEADWATER_KAFKA_BROKERS)"
+    )
+    with pytest.raises(SettingError, match="HEADWATER_REPLICATION_FACTOR: expected a whole number"):
+        replication(None, None, 3, {"HEADWATER_REPLICATION_FACTOR": "three"})
+    with pytest.raises(SettingError, match="HEADWATER_MIN_INSYNC_REPLICAS: must be at least 1"):
+        replication(None, None, 3, {"HEADWATER_MIN_INSYNC_REPLICAS": "0"})
+
+
+def test_the_kafka_broker_count_comes_from_the_flag_then_the_environment() -> None:
+    assert kafka_brokers(None, {}) is None
+    assert kafka_brokers(None, {"HEADWATER_KAFKA_BROKERS": "3"}) == 3
+    assert kafka_brokers(1, {"HEADWATER_KAFKA_BROKERS": "3"}) == 1
+    with pytest.raises(SettingError, match="HEADWATER_KAFKA_BROKERS: must be at least 1, got 0"):
+        kafka_brokers(None, {"HEADWATER_KAFKA_BROKERS": "0"})
 
 
 @pytest.mark.parametrize("value", ["", "   "])
@@ -253,6 +376,45 @@ def test_cli_errors_are_one_line_without_traceback(
     err = capsys.readouterr().err
     assert code == 1
     assert err == "headwater: error: HEADWATER_KAFKA_BOOTSTRAP: expected host:port, got 'bad'\n"
+
+
+def test_dev_up_refuses_a_replication_its_brokers_cannot_give(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HEADWATER_KAFKA_BOOTSTRAP", raising=False)
+    code = cli.main(["dev", "up", "--nodes", "0", "--port", str(free_port()),
+                     "--state-dir", str(tmp_path), "--kafka-brokers", "3",
+                     "--min-insync-replicas", "4"])  # fmt: skip
+    assert code == 1
+    assert capsys.readouterr().err.startswith(
+        "headwater: error: --min-insync-replicas: 4 in-sync replicas is more than the "
+        "replication factor, 3"
+    )
+    assert not (tmp_path / "kafka").exists()  # refused before anything started
+
+
+def test_dev_up_refuses_local_brokers_beside_an_external_kafka(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HEADWATER_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    code = cli.main(["dev", "up", "--nodes", "0", "--port", str(free_port()),
+                     "--state-dir", str(tmp_path), "--kafka-brokers", "3"])  # fmt: skip
+    assert code == 1
+    assert capsys.readouterr().err == (
+        "headwater: error: --kafka-brokers / HEADWATER_KAFKA_BROKERS asks for local Kafka "
+        "brokers, but HEADWATER_KAFKA_BOOTSTRAP names an external Kafka: unset one of them\n"
+    )
+
+
+def test_cli_prints_the_tooling_warnings(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HEADWATER_KAFKA_BOOTSTRAP", raising=False)
+    assert cli.main(["topics", "create"]) == 1
+    capsys.readouterr()
+    logging.getLogger("headwater.kafka").warning("Kafka topic %s differs", "t")
+    logging.getLogger("headwater.kafka.client").warning("librdkafka chatter")
+    assert capsys.readouterr().err == "headwater: warning: Kafka topic t differs\n"
 
 
 def test_dev_down_without_a_cluster_is_harmless(
