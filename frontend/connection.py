@@ -74,24 +74,27 @@ class _Output:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes] | None = None
         self._scheduled = False
         self.transport: asyncio.Transport | None = None
         self.paused = False
         """The transport asked us to stop writing: messages wait in the session's queue."""
 
     def write(self, data: bytes) -> None:
-        self._chunks.append(data)
+        if self._chunks is None:
+            self._chunks = [data]
+        else:
+            self._chunks.append(data)
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         self._scheduled = False
+        chunks, self._chunks = self._chunks, None
         transport = self.transport
-        if self._chunks and transport is not None and not transport.is_closing():
-            transport.write(b"".join(self._chunks))
-        self._chunks.clear()
+        if chunks and transport is not None and not transport.is_closing():
+            transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
 
 
 def _who(channel: ch.Channel, transport: asyncio.Transport | None) -> str:
@@ -103,20 +106,25 @@ def _who(channel: ch.Channel, transport: asyncio.Transport | None) -> str:
 class _Input:
     """Packets in: decoded from the socket and held, in order, until handled."""
 
-    __slots__ = ("decoder", "held", "last_seen", "paused")
+    __slots__ = ("decoder", "held", "last_seen", "opened", "paused")
 
     def __init__(self, max_packet_size: int, now: float) -> None:
         self.decoder = Decoder(max_packet_size)
-        self.held: list[Packet] = []
-        """Decoded, not handled yet, in order (a list: an empty deque takes 760 bytes)."""
-        self.last_seen = now
-        """When the client was last heard from, on the loop's clock."""
+        self.held: list[Packet] | None = None
+        """Decoded, not handled yet, in order (None when there are none)."""
+        self.opened = self.last_seen = now
+        """When the connection was made, and when the client was last heard from (the loop's
+        clock)."""
         self.paused = False
 
     def feed(self, data: bytes, now: float) -> None:
         """Hold the packets ``data`` completes; raises :class:`ProtocolError`."""
         self.last_seen = now
-        self.held += self.decoder.feed(data)
+        packets = self.decoder.feed(data)
+        if self.held is None:
+            self.held = packets
+        else:
+            self.held += packets
 
     def press(self, transport: asyncio.Transport, pressed: bool) -> None:
         """Stop reading ``transport`` while ``pressed``, read again once not."""
@@ -134,9 +142,7 @@ class MqttConnection(asyncio.Protocol):
         "_closed",
         "_input",
         "_loop",
-        "_opened",
         "_output",
-        "_write",
         "channel",
         "owned",
         "publishing",
@@ -147,18 +153,14 @@ class MqttConnection(asyncio.Protocol):
     def __init__(self, services: Services) -> None:
         self.services = services
         self.channel = ch.Channel(services.stamps, services.limits)
-        self.publishing = Publishing(
-            self.channel, services.log, services.sessions, self._run, self.deliver
-        )
-        self.publishing.on_unblocked = self._update_reading
+        self.publishing: Publishing | None = None
+        """Made at the first PUBLISH (or PUBREL): most devices of a fleet only listen."""
         self.transport: asyncio.Transport | None = None
         self.owned: Owned | None = None
         self._loop = asyncio.get_running_loop()
         self._busy = False
         self._output = _Output(self._loop)
-        self._write = self._output.write
-        self._opened = self._loop.time()
-        self._input = _Input(services.max_packet_size, self._opened)
+        self._input = _Input(services.max_packet_size, self._loop.time())
         self._closed = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -181,12 +183,13 @@ class MqttConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"socket error: {exc}" if exc else "connection closed by the client"
-        self._run(self.channel.connection_lost(reason))
+        self.run(self.channel.connection_lost(reason))
         self._closed = True
         self.services.deadlines.forget(self)
         self.services.connections.discard(self)
         if self.owned is not None:
-            for out in self.publishing.take_deferred():  # kept for the stored session
+            deferred = self.publishing.take_deferred() if self.publishing else []
+            for out in deferred:  # kept for the stored session
                 self.owned.session.deliver(out, online=False)
             self.services.sessions.release(self.owned)
 
@@ -197,31 +200,32 @@ class MqttConnection(asyncio.Protocol):
         self._output.paused = False
         if self.channel.session is not None:
             for data in self.channel.session.drain():
-                self._write(data)
+                self._output.write(data)
 
     # -- the dispatcher's and the session manager's view ----------------------------------------
 
     def deliver(self, out: Outbound) -> None:
         session = self.channel.session
-        if session is None or self.publishing.defer_own(out):
+        publishing = self.publishing
+        if session is None or (publishing is not None and publishing.defer_own(out)):
             return
         if self._closed:  # queued for the stored session (QoS 0 dropped and counted)
             session.deliver(out, online=False)
             return
         data = session.deliver(out, online=True, writable=not self._output.paused)
         if data is not None:
-            self._write(data)
+            self._output.write(data)
 
     def takeover(self) -> None:
         log.info("client %s: session taken over by a new connection", self.channel.client_id)
-        self._run(self.channel.connection_lost("session taken over [MQTT-3.1.4-2]"))
+        self.run(self.channel.connection_lost("session taken over [MQTT-3.1.4-2]"))
 
     def lose_session(self) -> None:
         self.channel.take_will()  # the node that took the session published it
         self.takeover()
 
     def stream_failed(self, error: BaseException) -> None:
-        self._run(outages.catch_up_failed(self.channel, error))
+        self.run(outages.catch_up_failed(self.channel, error))
 
     # -- the deadline wheel's view --------------------------------------------------------------
 
@@ -230,24 +234,24 @@ class MqttConnection(asyncio.Protocol):
         [MQTT-3.1.2-24] (none with a keep-alive of 0)."""
         state = self.channel.state
         if state is ch.State.CONNECTING:
-            return self._opened + self.services.connect_timeout
+            return self._input.opened + self.services.connect_timeout
         if state is ch.State.CONNECTED and self.channel.keep_alive > 0:
             return self._input.last_seen + self.channel.keep_alive * 1.5
         return None
 
     def expire(self) -> None:
         if self.channel.state is ch.State.CONNECTING:
-            self._run(self.channel.connection_lost("no CONNECT in time"))
+            self.run(self.channel.connection_lost("no CONNECT in time"))
         elif self.channel.state is ch.State.CONNECTED:
-            self._run(self.channel.keep_alive_expired())
+            self.run(self.channel.keep_alive_expired())
 
     def shutdown(self) -> None:
-        self._run(self.channel.connection_lost("server shutting down"))
+        self.run(self.channel.connection_lost("server shutting down"))
 
     # -- packets in ---------------------------------------------------------------------------
 
     def _drain(self) -> None:
-        held = self._input.held
+        held = self._input.held or []
         done = 0
         try:
             while done < len(held) and not self._busy and not self._closed:
@@ -261,32 +265,35 @@ class MqttConnection(asyncio.Protocol):
                 except ProtocolError as error:
                     self._fail(error)
                     return
-                self._run(actions)
+                self.run(actions)
                 if isinstance(packet, Pubrel):
-                    self.publishing.released(packet.packet_id)
+                    self._publisher().released(packet.packet_id)
         finally:
             del held[:done]
+            if not held:
+                self._input.held = None
         fault = self._input.decoder.error
         if not held and not self._busy and fault is not None:
             self._fail(fault)  # after the packets that came before it
             return
-        self._update_reading()
+        self.update_reading()
 
     def _fail(self, error: ProtocolError) -> None:
         if self._closed:
             return
         log.warning("client %s: %s", _who(self.channel, self.transport), error)
         self.services.protocol_errors += 1
-        self._run(self.channel.handle_error(error))
+        self.run(self.channel.handle_error(error))
 
-    def _run(self, actions: list[ch.Action]) -> None:
+    def run(self, actions: list[ch.Action]) -> None:
         for action in actions:
             if isinstance(action, ch.Send):
-                self._write(action.data)
+                self._output.write(action.data)
             elif isinstance(action, ch.Produce):
-                self.publishing.produce(action)
-                if self.publishing.blocked:
-                    self._update_reading()
+                publishing = self._publisher()
+                publishing.produce(action)
+                if publishing.blocked:
+                    self.update_reading()
             elif isinstance(action, ch.Close):
                 self._close(action)
             elif isinstance(action, ch.OpenSession):
@@ -299,6 +306,11 @@ class MqttConnection(asyncio.Protocol):
                 work = self.services.sessions.save(self.owned)
                 outages.in_background(work, self.channel.client_id, "saving the session")
 
+    def _publisher(self) -> Publishing:
+        if self.publishing is None:
+            self.publishing = Publishing(self, self.services.log, self.services.sessions)
+        return self.publishing
+
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
         self._busy = True
         self._loop.create_task(work).add_done_callback(self._task_done)
@@ -307,17 +319,17 @@ class MqttConnection(asyncio.Protocol):
         self._busy = False
         if not task.cancelled() and task.exception() is not None:
             log.error("client %s: %r", self.channel.client_id, task.exception())
-            self._run(self.channel.connection_lost("internal error"))
+            self.run(self.channel.connection_lost("internal error"))
             return
         self._drain()
 
-    def _update_reading(self) -> None:
+    def update_reading(self) -> None:
         if self.transport is not None and not self._closed:
             self._input.press(
                 self.transport,
                 self.channel.pending_publishes >= self.services.limits.max_pending_publishes
-                or len(self._input.held) >= DRAIN_BUDGET
-                or bool(self.publishing.blocked),
+                or len(self._input.held or ()) >= DRAIN_BUDGET
+                or bool(self.publishing and self.publishing.blocked),
             )
 
     # -- CONNECT and SUBSCRIBE ------------------------------------------------------------------
@@ -326,23 +338,22 @@ class MqttConnection(asyncio.Protocol):
         services, connect = self.services, action.connect
         code = services.auth.check(connect.username, connect.password)
         if code != ConnackCode.ACCEPTED:
-            self._run(self.channel.session_refused(code, "authentication failed"))
+            self.run(self.channel.session_refused(code, "authentication failed"))
             return
         if not services.log.available:
-            self._run(outages.kafka_unavailable_at_connect(self.channel))
+            self.run(outages.kafka_unavailable_at_connect(self.channel))
             return
         try:
             opened = await services.sessions.open(
                 action.client_id, connect, self, lambda: self._closed
             )
         except outages.STORE_ERRORS as exc:
-            self._run(outages.store_failed_at_connect(self.channel, exc))
+            self.run(outages.store_failed_at_connect(self.channel, exc))
             return
         if opened is None:
             return
         self.owned, present = opened
-        self.publishing.owned = self.owned
-        self._run(self.channel.session_opened(self.owned.session, present))
+        self.run(self.channel.session_opened(self.owned.session, present))
         services.deadlines.watch(self)  # the keep-alive from now on
 
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
@@ -351,16 +362,16 @@ class MqttConnection(asyncio.Protocol):
         try:
             starts, new = await sessions.subscribe(self.owned, action.granted)
         except outages.STORE_ERRORS as exc:
-            self._run(outages.subscription_not_stored(self.channel, exc))
+            self.run(outages.subscription_not_stored(self.channel, exc))
             return
         except outages.LOG_ERRORS as exc:
-            self._run(outages.subscribe_failed(self.channel, action, exc))
+            self.run(outages.subscribe_failed(self.channel, action, exc))
             return
-        self._run(self.channel.subscribed(action))
+        self.run(self.channel.subscribed(action))
         try:
             await sessions.subscribed(self.owned, action.granted, new, starts)
         except outages.STORE_ERRORS as exc:
-            self._run(outages.retained_unavailable(self.channel, exc))
+            self.run(outages.retained_unavailable(self.channel, exc))
 
     # -- packets out --------------------------------------------------------------------------
 
@@ -368,7 +379,7 @@ class MqttConnection(asyncio.Protocol):
         if action.publish_will:
             will = self.channel.take_will()
             if will is not None:
-                self.services.sessions.publish_will(will)
+                self.services.sessions.wills.publish(will)
         log.info("client %s closed: %s", _who(self.channel, self.transport), action.reason)
         self._output.flush()
         self._closed = True

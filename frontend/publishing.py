@@ -33,41 +33,43 @@ class Log(Protocol):
     def when_writable(self, callback: Callable[[], None]) -> None: ...
 
 
+class Connection(Protocol):
+    """The connection whose PUBLISHes these are."""
+
+    channel: ch.Channel
+    owned: Owned | None
+
+    def run(self, actions: list[ch.Action]) -> None:
+        """Carry out the channel's actions."""
+
+    def deliver(self, out: Outbound) -> None:
+        """Send (or queue) a message for the client."""
+
+    def update_reading(self) -> None:
+        """Read from the socket again if nothing holds it back any more."""
+
+
 class Publishing:
     """The PUBLISHes of one connection between the channel and the log."""
 
-    __slots__ = (
-        "_deliver",
-        "_own_deferred",
-        "_qos2_ids",
-        "_run",
-        "blocked",
-        "channel",
-        "log",
-        "on_unblocked",
-        "owned",
-        "sessions",
-    )
+    __slots__ = ("_own_deferred", "_qos2_ids", "blocked", "connection", "log", "sessions")
 
-    def __init__(
-        self,
-        channel: ch.Channel,
-        log_: Log,
-        sessions: SessionManager,
-        run: Callable[[list[ch.Action]], None],
-        deliver: Callable[[Outbound], None],
-    ) -> None:
-        self.channel = channel
+    def __init__(self, connection: Connection, log_: Log, sessions: SessionManager) -> None:
+        self.connection = connection
         self.log = log_
         self.sessions = sessions
-        self.owned: Owned | None = None
-        self._run = run
-        self._deliver = deliver
         self.blocked: list[ch.Produce] = []
         """PUBLISHes held back, in order, while the producer queue is full."""
         self._qos2_ids: dict[int, int] = {}
         self._own_deferred: list[Outbound] = []
-        self.on_unblocked: Callable[[], None] = lambda: None
+
+    @property
+    def channel(self) -> ch.Channel:
+        return self.connection.channel
+
+    @property
+    def owned(self) -> Owned | None:
+        return self.connection.owned
 
     def produce(self, action: ch.Produce) -> None:
         if self.blocked:
@@ -86,7 +88,7 @@ class Publishing:
         try:
             written = self.log.produce(message, callback)
         except outages.LOG_ERRORS as exc:
-            self._run(outages.publish_refused(self.channel, message.topic, exc))
+            self.connection.run(outages.publish_refused(self.channel, message.topic, exc))
             return
         if not written:
             self.blocked.append(action)
@@ -99,7 +101,7 @@ class Publishing:
                 self.blocked.extend(blocked[i:])
                 break
             self.produce(action)
-        self.on_unblocked()
+        self.connection.update_reading()
 
     def released(self, packet_id: int) -> None:
         """A PUBREL: a persistent session forgets the QoS 2 packet id, in the background."""
@@ -125,7 +127,9 @@ class Publishing:
         self, ticket: int | None, message: Message, partition: int, offset: int, error: str | None
     ) -> None:
         if error is not None:
-            self._run(outages.publish_lost(self.channel, message.topic, error, ticket is not None))
+            self.connection.run(
+                outages.publish_lost(self.channel, message.topic, error, ticket is not None)
+            )
             return
         persistent = self.owned is not None and self.owned.persistent
         if message.retain or (message.qos == 2 and persistent):
@@ -146,14 +150,14 @@ class Publishing:
             if packet_id is not None and self.owned is not None:
                 await self.sessions.mark_received(self.owned, packet_id)
         except outages.STORE_ERRORS as exc:
-            self._run(outages.publish_not_stored(self.channel, message.topic, exc))
+            self.connection.run(outages.publish_not_stored(self.channel, message.topic, exc))
             return
         if ticket is not None:
             self._acknowledge(ticket)
 
     def _acknowledge(self, ticket: int) -> None:
         self._qos2_ids.pop(ticket, None)
-        self._run(self.channel.produced(ticket))
+        self.connection.run(self.channel.produced(ticket))
         for out in self.take_deferred():
-            self._deliver(out)
-        self.on_unblocked()
+            self.connection.deliver(out)
+        self.connection.update_reading()

@@ -47,9 +47,9 @@ def snapshot(
         "produce_errors": klog.produce_errors,
         "undecodable_records": reader.undecodable,
         "protocol_errors": services.protocol_errors,
-        "wills_published": sessions.wills_published,
-        "orphaned_wills_published": sessions.orphaned_wills_published,
-        "wills_lost": sessions.wills_lost,
+        "wills_published": sessions.wills.published,
+        "orphaned_wills_published": sessions.wills.orphaned,
+        "wills_lost": sessions.wills.lost,
         "shared_groups": dispatcher.share_names(),
         "kafka_available": klog.available,
     }

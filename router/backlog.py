@@ -53,7 +53,7 @@ class Backlog:
     def needed(client: Client, positions: dict[int, int]) -> None:
         """Lower ``positions`` to what ``client`` still needs from the log, if it is behind."""
         if client.behind is not None:
-            for needed in (client.behind, client.rewind):
+            for needed in (client.behind, client.rewind or {}):
                 for partition, offset in needed.items():
                     positions[partition] = min(offset, positions.get(partition, offset))
 
@@ -81,7 +81,7 @@ class Backlog:
         if at is None:
             behind[rec.partition] = rec.offset
         elif rec.offset < at:
-            rewind = client.rewind
+            rewind = client.rewind = client.rewind or {}
             rewind[rec.partition] = min(rec.offset, rewind.get(rec.partition, rec.offset))
 
     def _catch_up(self, client: Client) -> None:
@@ -104,9 +104,9 @@ class Backlog:
         dispatched = self.subscriptions.dispatched
         first = True
         while True:
-            for partition, offset in client.rewind.items():
+            for partition, offset in (client.rewind or {}).items():
                 behind[partition] = min(offset, behind.get(partition, offset))
-            client.rewind.clear()
+            client.rewind = None
             ranges = {
                 p: (at, dispatched[p]) for p, at in behind.items() if at < dispatched.get(p, at)
             }

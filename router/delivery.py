@@ -8,7 +8,7 @@ QoS of :func:`delivery_qos`, and count in the same :class:`Counters`.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from frontend.mqtt.codec import PublishTemplate
@@ -61,7 +61,7 @@ class Client:
     subscriber: Subscriber
     behind: dict[int, int] | None = None
     """While it catches up from the log: per partition, the next offset it needs."""
-    rewind: dict[int, int] = field(default_factory=dict)
+    rewind: dict[int, int] | None = None
     """Offsets below ``behind`` found needed during a round (records that waited for a pending
     subscription): the next round starts there."""
     catching_up: asyncio.Task[None] | None = None

@@ -269,7 +269,7 @@ class Channel:
             return []
         assert self.connect is not None
         self.session = session
-        self._will = self.connect.will
+        self._will, self.connect = self.connect.will, None  # what else it said is not kept
         self.state = State.CONNECTED
         connack = Send(encode(Connack(present, ConnackCode.ACCEPTED)))
         return [connack, *(Send(data) for data in session.resume())]

@@ -31,6 +31,8 @@ from frontend.mqtt.packets import Pubrel
 
 MAX_PACKET_ID = 65535
 
+_NO_IDS: frozenset[int] = frozenset()
+
 
 @dataclass(slots=True)
 class Outbound:
@@ -132,8 +134,8 @@ class Session:
         self._queue: deque[Outbound] | None = None
         """Made when first needed: an empty deque takes 760 bytes, and most sessions of an
         idle fleet never queue."""
-        self.awaiting_rel: AbstractSet[int] = frozenset()
-        """A set from the first inbound QoS 2 message on (an empty set takes 216 bytes)."""
+        self.awaiting_rel: AbstractSet[int] = _NO_IDS
+        """A set from the first inbound QoS 2 message on (an empty one takes 216 bytes)."""
         self.dropped = 0
         self.changes = 0
         """Counts changes of the in-flight window: what a store must see again when it moved."""

@@ -30,6 +30,7 @@ from frontend.sessions.saver import Holder, Owned, Saver
 
 __all__ = ["Holder", "Owned", "SessionManager"]
 from frontend.sessions.store import Busy, Lease, SessionStore
+from frontend.sessions.wills import Wills
 from router import record
 from router.dispatch import Dispatcher
 from router.log import KafkaLog
@@ -63,9 +64,7 @@ class SessionManager:
         self.dispatcher = dispatcher
         self.log = log_
         self.coordinator: Coordinator | None = None
-        self.wills_published = 0
-        self.orphaned_wills_published = 0
-        self.wills_lost = 0
+        self.wills = Wills(stamps, log_, retained)
         self._opening = asyncio.Semaphore(OPENING_AT_ONCE)
         self._acquiring: dict[str, int] = {}
         """Client ids being acquired here now (how many connections are at it)."""
@@ -82,6 +81,7 @@ class SessionManager:
         before the node serves anyone), and take sessions over through ``coordinator``."""
         self.store, self.retained, self.coordinator = store, retained, coordinator
         self.saver.store = store
+        self.wills.retained = retained
 
     async def start(self) -> None:
         await self.saver.start()
@@ -191,7 +191,7 @@ class SessionManager:
             answer = await self.store.acquire(client_id, self.node_id, clean, force)
             if not isinstance(answer, Busy):
                 if answer.orphaned_will is not None:
-                    self.publish_orphaned_wills([answer.orphaned_will])
+                    self.wills.publish_orphaned([answer.orphaned_will])
                 return answer.lease, answer.state
             if answer.owner == self.node_id:
                 force = not await self._release_local(client_id)
@@ -274,35 +274,6 @@ class SessionManager:
     async def unmark_received(self, owned: Owned, packet_id: int) -> None:
         if owned.persistent:
             await self.store.unmark_received(owned.lease, packet_id)
-
-    # -- wills --------------------------------------------------------------------------------
-
-    def publish_will(self, message: Message) -> None:
-        """Publish a will: through the log like any message; retained wills update the store."""
-        self.wills_published += 1
-        retained = self.retained
-
-        def stored(partition: int, offset: int, error: str | None) -> None:
-            if error is None and message.retain:
-                asyncio.get_running_loop().create_task(retained.apply(message, partition, offset))
-
-        if not self.log.produce(message, stored):
-            self.wills_lost += 1
-            log.error("will of %s lost: the producer queue is full", message.client_id)
-
-    def publish_orphaned_wills(self, wills: list[bytes]) -> None:
-        """Publish the stored wills of connections that died with their node, from here."""
-        for raw in wills:
-            try:
-                will = record.decode(raw)
-            except record.RecordError as exc:
-                log.error("a stored will is unreadable, not published: %s", exc)
-                continue
-            log.info("publishing the will of %s, whose node died", will.client_id)
-            self.orphaned_wills_published += 1
-            self.publish_will(
-                self.stamps.message(will.topic, will.payload, will.qos, will.retain, will.client_id)
-            )
 
 
 def _report_failure(task: asyncio.Task[None], holder: Holder) -> None:

@@ -307,7 +307,7 @@ async def test_wills_of_a_killed_node_are_published_once_by_another_node(
     will = await next_will(will_watcher, timeout=15)
     assert (will.topic, will.payload, will.qos) == ("wills/stayer", b"lost", 1)
     await will_watcher.expect_silence(3.0)  # once, by one node; never the leaver's
-    assert sum(n.sessions.orphaned_wills_published for n in nodes) == 1
+    assert sum(n.sessions.wills.orphaned for n in nodes) == 1
 
 
 async def test_a_client_back_at_once_after_its_node_died_gets_its_will_out_first(

@@ -120,10 +120,10 @@ async def test_orphaned_wills_are_published_through_the_log_and_counted() -> Non
     log = FakeLog()
     sessions = manager(log)
     will = message("wills/dev", qos=1, payload=b"gone")
-    sessions.publish_orphaned_wills([record.encode(will), b"not a record"])
+    sessions.wills.publish_orphaned([record.encode(will), b"not a record"])
     (published,) = log.produced
     assert (published.topic, published.payload, published.qos) == ("wills/dev", b"gone", 1)
-    assert sessions.orphaned_wills_published == 1 and sessions.wills_published == 1
+    assert sessions.wills.orphaned == 1 and sessions.wills.published == 1
 
 
 async def test_a_failed_catch_up_is_reported_and_keeps_the_positions_it_resumed_from() -> None:
