@@ -48,6 +48,8 @@ class Backlog:
         self.subscriptions = subscriptions
         self.counters = counters
         self._deliver = deliver
+        self.clients: set[Client] = set()
+        """The clients behind now."""
 
     @staticmethod
     def needed(client: Client, positions: dict[int, int]) -> None:
@@ -65,6 +67,7 @@ class Backlog:
     def stop(self, client: Client) -> None:
         if client.catching_up is not None:
             client.catching_up.cancel()
+        self.clients.discard(client)
 
     def fall_behind(self, client: Client, rec: Record, qos: int) -> None:
         """``client`` is not given ``rec`` live: a QoS 0 one is dropped (counted); a QoS 1/2
@@ -85,6 +88,7 @@ class Backlog:
             rewind[rec.partition] = min(rec.offset, rewind.get(rec.partition, rec.offset))
 
     def _catch_up(self, client: Client) -> None:
+        self.clients.add(client)
         task = asyncio.get_running_loop().create_task(self._read_behind(client))
         client.catching_up = task
         task.add_done_callback(lambda done: self._caught_up(client, done))
@@ -92,8 +96,10 @@ class Backlog:
     def _caught_up(self, client: Client, task: asyncio.Task[None]) -> None:
         if client.catching_up is task:
             client.catching_up = None
-        if not task.cancelled() and (error := task.exception()) is not None:
-            client.subscriber.stream_failed(error)
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        self.clients.discard(client)
+        client.subscriber.stream_failed(error)
 
     async def _read_behind(self, client: Client) -> None:
         """Rounds of catch-up from where ``client`` is to where the live stream has got to,
@@ -112,6 +118,7 @@ class Backlog:
             }
             if not ranges:
                 client.behind = None  # the next live record of each partition follows on
+                self.clients.discard(client)
                 return
             if first:
                 await self._skip_expired(session.client_id, ranges)

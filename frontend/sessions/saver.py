@@ -89,6 +89,11 @@ class Saver:
         self.checkpoints_written = 0
         self.sessions_saved = 0
 
+    @property
+    def active(self) -> int:
+        """Persistent sessions looked at each round now (the rest cost nothing)."""
+        return len(self._active)
+
     async def start(self) -> None:
         """Continue this node id's checkpoint numbering, then save and checkpoint each round."""
         self._seq, self._checkpointed = await self.store.read_checkpoint(self.node_id)

@@ -4,18 +4,29 @@ takeover, abandon, save, release, resume and wills, as a client would see their 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+
+import pytest
 
 from frontend.mqtt.channel import Limits
-from frontend.mqtt.session import Session
+from frontend.mqtt.session import Session, StoredSession
 from frontend.retained import MemoryRetainedStore
 from frontend.sessions.manager import Owned, SessionManager
-from frontend.sessions.store import MemorySessionStore
+from frontend.sessions.store import Lease, MemorySessionStore
 from router import record
 from router.dispatch import Dispatcher
 from router.partitioner import Router
+from router.record import Record, wall_clock_stamps
 from tests.unit.fakes import STAMPS, FakeClient, FakeLog, message, pump
 
 ROUTER = Router(4, 1)
+
+
+class NoAnswer:
+    """A cluster whose other nodes never answer a takeover request (they are dead)."""
+
+    async def request_release(self, owner: str, client_id: str) -> None:
+        pass
 
 
 def manager(log: FakeLog | None = None, store: MemorySessionStore | None = None) -> SessionManager:
@@ -147,3 +158,72 @@ async def test_a_failed_catch_up_is_reported_and_keeps_the_positions_it_resumed_
     await pump(log, lambda: bool(client.stream_errors), lambda: None)
     assert isinstance(client.stream_errors[0], TimeoutError)
     assert sessions.snapshot(owned).positions == {p: 1}  # what the close will store
+
+
+class CountingStore(MemorySessionStore):
+    """The memory store, counting the sessions written and the checkpoints taken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.checkpoints: list[tuple[str, int, dict[int, int]]] = []
+
+    async def save(self, lease: Lease, state: StoredSession) -> bool:
+        self.writes += 1
+        return await super().save(lease, state)
+
+    async def save_many(self, saves: Sequence[tuple[Lease, StoredSession]]) -> list[bool]:
+        self.writes += len(saves)
+        return await super().save_many(saves)
+
+    async def checkpoint(self, node_id: str, seq: int, positions: dict[int, int]) -> None:
+        self.checkpoints.append((node_id, seq, dict(positions)))
+        await super().checkpoint(node_id, seq, positions)
+
+
+def publish_live(log: FakeLog, dispatcher: Dispatcher, topic: str, count: int) -> int:
+    """``count`` records on ``topic``'s partition, dispatched live; the partition."""
+    p = ROUTER.route(topic)[0]
+    records = log.partitions.setdefault(p, [])
+    first = len(records)
+    records.extend(message(topic, payload=b"%d" % i) for i in range(first, first + count))
+    dispatcher.dispatch([Record(p, o, 1, records[o]) for o in range(first, len(records))])
+    return p
+
+
+async def test_an_idle_session_is_written_once_when_it_goes_live_then_never() -> None:
+    store = CountingStore()
+    sessions = manager(store=store)
+    owned = await connect(sessions, "dev")
+    await sessions.subscribe(owned, [("a/x", 1)])  # stored before its SUBACK
+    assert store.writes == 1
+    await sessions.saver.save_round()  # the first round stores it as live here
+    written = store.writes
+    publish_live(sessions.dispatcher.log, sessions.dispatcher, "a/y", 5)  # traffic, not for it
+    for _ in range(3):
+        await sessions.saver.save_round()
+    assert store.writes == written and sessions.saver.active == 0
+    # Its position moved with the traffic all the same: in the node's one checkpoint.
+    node, _, positions = store.checkpoints[-1]
+    assert node == STAMPS.origin_node and positions[ROUTER.route("a/y")[0]] == 5
+
+
+async def test_the_session_of_a_dead_node_resumes_from_that_nodes_checkpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("frontend.sessions.manager.FORCE_AFTER", 0.0)
+    store, log = CountingStore(), FakeLog()
+    dead = manager(log, store)
+    owned = await connect(dead, "dev")
+    await dead.subscribe(owned, [("a/x", 1)])  # stored once, as live on that node
+    p = publish_live(log, dead.dispatcher, "a/y", 7)  # its stream moves on; it is not written
+    await dead.saver.save_round()  # the node's checkpoint takes the move
+    assert store.writes == 1
+    # The node dies; the client comes back to another node, which takes the session by force.
+    other = SessionManager(
+        wall_clock_stamps("other"), Limits(), store, MemoryRetainedStore(),
+        Dispatcher(log, ROUTER), log,  # type: ignore[arg-type]
+    )  # fmt: skip
+    other.coordinator = NoAnswer()  # type: ignore[assignment]
+    _, stored = await other.acquire("dev", False, None)
+    assert stored is not None and stored.positions == {p: 7}  # not 0: nothing read twice
