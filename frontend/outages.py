@@ -7,7 +7,8 @@ safely, and nothing is acknowledged that is not durably written.
 when                   what failed                                 what the client sees
 =====================  ==========================================  =================================
 CONNECT                Kafka marked unavailable; Redis error       CONNACK 3, then close
-                       acquiring the session or keeping the will
+                       acquiring the session or keeping the will,
+                       or no turn to open it within 30 s
 PUBLISH QoS 1/2        Kafka refused or lost the record            no PUBACK/PUBREC; close (the
                                                                    client resends on reconnect)
 PUBLISH retained,      Redis error storing the retained message    no PUBACK/PUBREC; close
@@ -17,8 +18,8 @@ SUBSCRIBE, persistent  Redis error storing the subscription        no SUBACK; cl
                                                                    subscribes again on reconnect)
 after SUBACK           Redis error reading retained messages       close (they come with the next
                                                                    SUBSCRIBE)
-resumed session        the log unreadable while catching up        close; the stored positions stay,
-                                                                   the next connection catches up
+catching up (resumed   the log unreadable while catching up        close; the stored positions stay,
+or queue full)                                                     the next connection catches up
 session save, release  Redis error                                 nothing; logged, the next save
                                                                    retries
 =====================  ==========================================  =================================

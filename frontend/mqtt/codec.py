@@ -127,7 +127,8 @@ class Decoder:
     __slots__ = ("_buf", "_max_size", "error")
 
     def __init__(self, max_packet_size: int = MAX_PACKET_SIZE) -> None:
-        self._buf = bytearray()
+        self._buf: bytearray | None = None
+        """A packet's first bytes while the rest has not arrived (None: nothing waiting)."""
         self._max_size = max_packet_size
         self.error: ProtocolError | None = None
         """The violation found after the packets last returned; the stream ends there."""
@@ -141,11 +142,13 @@ class Decoder:
             raise self.error
         buf = self._buf
         source: bytes | bytearray
-        if buf or not isinstance(data, bytes):
+        if buf is not None:
             buf += data
             source = buf
-        else:
+        elif isinstance(data, bytes):
             source = data  # nothing buffered: parse the caller's bytes without copying them
+        else:
+            source = buf = self._buf = bytearray(data)
         packets: list[Packet] = []
         try:
             pos = self._decode_packets(source, packets)
@@ -156,8 +159,10 @@ class Decoder:
             return packets
         if source is buf:
             del buf[:pos]
+            if not buf:
+                self._buf = None
         elif pos < len(source):
-            buf += memoryview(source)[pos:]
+            self._buf = bytearray(memoryview(source)[pos:])
         return packets
 
     def _decode_packets(self, source: bytes | bytearray, packets: list[Packet]) -> int:
