@@ -1,4 +1,5 @@
-"""The cluster as a node sees it: liveness, the takeover inbox [MQTT-3.1.4-2], the will sweep.
+"""The cluster as a node sees it: liveness, the takeover inbox [MQTT-3.1.4-2], the sweep of dead
+nodes, and the reaping of expired sessions.
 
 A node that finds a session "busy" (owned by a live connection elsewhere) publishes the client
 id on the owner's inbox channel.  The owner closes that connection as a server-side close (the
@@ -9,9 +10,20 @@ on, so whatever the old owner writes later is refused.
 
 Liveness is a key per node with a short expiry, refreshed every second; a session owned by a
 node whose key has expired is free, so a crashed node never blocks its clients' return.  Every
-``SWEEP_SECONDS`` each node also sweeps for the wills of nodes whose key has expired and
-publishes those it wins (``RedisSessionStore.claim_wills``): a client whose node crashed gets its
-will published even if it never comes back.
+``SWEEP_SECONDS`` each node also sweeps the nodes whose key has expired
+(``RedisSessionStore.sweep_node``): it publishes the wills it wins, so a client whose node
+crashed gets its will published even if it never comes back, and the dead node's sessions start
+to expire.  Before serving, a node sweeps once: what its own id's previous process left (that
+process crashed, and nothing else would sweep a live id), and nodes that died while none was up.
+
+Expiry: Redis publishes an event when it expires a session's marker key (``notify-keyspace-events
+Ex``, which the node sets at start where the server allows it); every node listens and runs
+``RedisSessionStore.reap``, whose script lets exactly one of them remove the session and count it.
+
+Redis Cluster: PUBLISH reaches subscribers on every node of a cluster, so the inbox is one
+subscription wherever it lands; keyspace events stay on the master that holds the key, so the
+expiry listener subscribes on every master (redis-py's cluster keyspace notifications, which
+follow topology changes).
 """
 
 from __future__ import annotations
@@ -22,17 +34,21 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from frontend.sessions.redis import RedisSessionStore
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from frontend.sessions.redis import RedisClient, RedisSessionStore
 
 log = logging.getLogger("headwater.cluster")
 
 FORCE_AFTER = 1.5
 HEARTBEAT_SECONDS = 1.0
 SWEEP_SECONDS = 2.0
+NOTIFY = "notify-keyspace-events"
 
 
 class Coordinator:
-    """This node's heartbeat, takeover inbox and sweep for dead nodes' wills."""
+    """This node's heartbeat, takeover inbox, dead-node sweep and expiry listener."""
 
     def __init__(
         self,
@@ -46,14 +62,23 @@ class Coordinator:
         self._on_request = on_request
         self._on_wills = on_wills
         self._tasks: list[asyncio.Task[None]] = []
-        self._pubsub: Any = None
+        self._inbox: Any = None
+        self._expiries: Any = None
 
     async def start(self) -> None:
+        redis = self.store.redis
         await self.store.heartbeat(self.node_id)
-        self._pubsub = self.store.redis.pubsub()
-        await self._pubsub.subscribe(self.store.inbox(self.node_id))
+        self._inbox = redis.pubsub()
+        await self._inbox.subscribe(self.store.inbox(self.node_id))
+        await enable_expiry_events(redis)
+        self._expiries = redis.keyspace_notifications()
+        await self._expiries.subscribe_keyevent("expired", db=_database(redis))
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._beat()), loop.create_task(self._listen())]
+        self._tasks = [
+            loop.create_task(self._beat()),
+            loop.create_task(self._listen()),
+            loop.create_task(self._reap()),
+        ]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -61,34 +86,38 @@ class Coordinator:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):
-                await self._pubsub.aclose()
+        for subscription in (self._inbox, self._expiries):
+            if subscription is not None:
+                with contextlib.suppress(Exception):
+                    await subscription.aclose()
         with contextlib.suppress(Exception):
             await self.store.redis.delete(self.store.alive_key(self.node_id))
 
-    async def sweep_wills(self) -> None:
-        """Publish the wills left by this node id's previous process (it crashed: nothing else
-        would, since the id is alive again), then sweep for dead nodes' wills from now on.
-        Called once the log can take them."""
-        self._on_wills(await self.store.claim_wills(self.node_id, only_if_dead=False))
+    async def sweep_dead_nodes(self) -> None:
+        """Sweep what this node id's previous process left and any node already dead, then
+        sweep for dead nodes from now on.  Called once the log can take their wills."""
+        self._on_wills(await self.store.sweep_node(self.node_id, only_if_dead=False))
+        await self._sweep_once()
         self._tasks.append(asyncio.get_running_loop().create_task(self._sweep()))
+
+    async def request_release(self, owner: str, client_id: str) -> None:
+        await self.store.redis.publish(self.store.inbox(owner), client_id)
+
+    async def _sweep_once(self) -> None:
+        for node in await self.store.nodes():
+            if node != self.node_id:
+                wills = await self.store.sweep_node(node)
+                if wills:
+                    log.warning("node %s is gone: publishing %d wills", node, len(wills))
+                    self._on_wills(wills)
 
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
             try:
-                for node in await self.store.nodes_with_wills():
-                    if node != self.node_id:
-                        wills = await self.store.claim_wills(node, only_if_dead=True)
-                        if wills:
-                            log.warning("node %s is gone: publishing %d wills", node, len(wills))
-                            self._on_wills(wills)
+                await self._sweep_once()
             except Exception as exc:  # Redis down: keep serving, keep trying
-                log.warning("sweeping for dead nodes' wills failed: %s", exc)
-
-    async def request_release(self, owner: str, client_id: str) -> None:
-        await self.store.redis.publish(self.store.inbox(owner), client_id)
+                log.warning("sweeping for dead nodes failed: %s", exc)
 
     async def _beat(self) -> None:
         while True:
@@ -101,7 +130,7 @@ class Coordinator:
     async def _listen(self) -> None:
         while True:
             try:
-                message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                message = await self._inbox.get_message(ignore_subscribe_messages=True, timeout=1)
             except Exception as exc:
                 log.warning("takeover inbox: %s", exc)
                 await asyncio.sleep(1)
@@ -109,3 +138,42 @@ class Coordinator:
             if message is not None:
                 data = message["data"]
                 self._on_request(data.decode() if isinstance(data, bytes) else str(data))
+
+    async def _reap(self) -> None:
+        while True:
+            try:
+                event = await self._expiries.get_message(timeout=1)
+                if event is not None:
+                    await self.store.reap(event.key)
+            except Exception as exc:
+                log.warning("reaping expired sessions: %s", exc)
+                await asyncio.sleep(1)
+
+
+async def enable_expiry_events(redis: RedisClient) -> None:
+    """Have Redis publish expired-key events (flags ``E`` and ``x``), keeping the flags it has.
+    A server that refuses (CONFIG disabled, as on some managed services) gets a warning: its
+    sessions still expire, by their keys' TTL, but are counted only if it is configured so."""
+    try:
+        flags = str((await redis.config_get(NOTIFY)).get(NOTIFY) or "")
+        missing = "E" * ("E" not in flags) + "x" * ("x" not in flags and "A" not in flags)
+        if not missing:
+            return
+        if isinstance(redis, RedisCluster):
+            await redis.config_set(NOTIFY, flags + missing, target_nodes=RedisCluster.ALL_NODES)
+        else:
+            await redis.config_set(NOTIFY, flags + missing)
+    except RedisError as exc:
+        log.warning(
+            "Redis refused to publish expired-key events (%s): expired sessions are removed "
+            "but not counted unless the server has %s Ex",
+            exc,
+            NOTIFY,
+        )
+
+
+def _database(redis: RedisClient) -> int:
+    """The database whose keyspace events to hear (always 0 in Redis Cluster)."""
+    if isinstance(redis, RedisCluster):
+        return 0
+    return int(redis.connection_pool.connection_kwargs.get("db", 0))

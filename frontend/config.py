@@ -13,11 +13,14 @@ import os
 from dataclasses import dataclass, field
 
 from frontend.mqtt.channel import Limits
+from frontend.sessions.store import DEFAULT_EXPIRY
 from router.topics import MAX_RECORD_BYTES
 
 DEFAULT_MAX_PACKET_SIZE = MAX_RECORD_BYTES - 128 * 1024
 """Largest PUBLISH accepted: its record (payload, topic, client id, ~40 bytes of framing)
 must fit in what the log topic and the producer take (``router.topics.MAX_RECORD_BYTES``)."""
+MAX_SESSION_EXPIRY = 10 * 365 * 86400
+"""Ten years: longer is "never", which is 0."""
 
 
 class ConfigError(ValueError):
@@ -40,6 +43,10 @@ class NodeConfig:
     redis_prefix: str = "hw:"
     redis_connections: int = 50
     """Connections to Redis at most; more requests at once wait for one (never refused)."""
+    redis_cluster: bool = False
+    """``redis_url`` names a node of a Redis Cluster."""
+    session_expiry: float = DEFAULT_EXPIRY
+    """Seconds a persistent session is kept once its client is gone; 0: forever."""
     stats_host: str | None = None
     stats_port: int = 0
     limits: Limits = field(default_factory=Limits)
@@ -77,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         "[HEADWATER_REDIS_CONNECTIONS]",
     )
     p.add_argument(
+        "--redis-cluster",
+        action="store_const",
+        const="yes",
+        default=_env("REDIS_CLUSTER", "no"),
+        help="--redis-url names a node of a Redis Cluster [HEADWATER_REDIS_CLUSTER=yes]",
+    )
+    p.add_argument(
         "--redis-prefix",
         default=_env("REDIS_PREFIX", "hw:"),
         help="key prefix in Redis [HEADWATER_REDIS_PREFIX]",
@@ -112,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="messages queued per client [HEADWATER_MAX_QUEUED]",
     )
     p.add_argument(
+        "--session-expiry",
+        default=_env("SESSION_EXPIRY", f"{DEFAULT_EXPIRY:g}"),
+        help="seconds a persistent session is kept once its client is gone; 0: forever "
+        "[HEADWATER_SESSION_EXPIRY]",
+    )
+    p.add_argument(
         "--password-file",
         default=_env("PASSWORD_FILE"),
         help="user:sha256-hex lines; anonymous clients refused [HEADWATER_PASSWORD_FILE]",
@@ -136,6 +156,25 @@ def _int_setting(value: str | None, flag: str, low: int, high: int) -> int:
     return number
 
 
+def _seconds_setting(value: str | None, flag: str, high: float) -> float:
+    env = "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+    try:
+        seconds = float(value or "")
+    except ValueError:
+        raise ConfigError(f"{flag} / {env}: {value!r} is not a number of seconds") from None
+    if not 0 <= seconds <= high:
+        raise ConfigError(f"{flag} / {env}: {value} is outside 0..{high:.0f} seconds")
+    return seconds
+
+
+def _switch_setting(value: str, flag: str) -> bool:
+    env = "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+    answer = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
+    if value.lower() not in answer:
+        raise ConfigError(f"{flag} / {env}: {value!r} is not yes or no")
+    return answer[value.lower()]
+
+
 def _address(value: str, flag: str) -> tuple[str, str]:
     host, sep, port = str(value).rpartition(":")
     if not sep or not host:
@@ -157,6 +196,9 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         raise ConfigError(
             f"--password-file / HEADWATER_PASSWORD_FILE: no file {args.password_file}"
         )
+    redis_cluster = _switch_setting(args.redis_cluster, "--redis-cluster")
+    if redis_cluster and not args.redis_url:
+        raise ConfigError("--redis-cluster / HEADWATER_REDIS_CLUSTER needs --redis-url")
     limits = Limits(
         max_inflight=_int_setting(args.max_inflight, "--max-inflight", 1, 65535),
         max_queued=_int_setting(args.max_queued, "--max-queued", 0, 10_000_000),
@@ -171,6 +213,10 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,
         redis_connections=_int_setting(args.redis_connections, "--redis-connections", 2, 10_000),
+        redis_cluster=redis_cluster,
+        session_expiry=_seconds_setting(
+            args.session_expiry, "--session-expiry", MAX_SESSION_EXPIRY
+        ),
         topic=args.topic,
         partitions=_int_setting(args.partitions, "--partitions", 1, 100_000),
         routing_depth=_int_setting(args.routing_depth, "--routing-depth", 1, 64),

@@ -23,7 +23,8 @@ import sys
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from frontend.auth import Authenticator, load_authenticator
 from frontend.cluster import Coordinator
@@ -31,7 +32,7 @@ from frontend.config import ConfigError, NodeConfig, build_parser, config_from_a
 from frontend.connection import MqttConnection, Services
 from frontend.retained import MemoryRetainedStore, RedisRetainedStore, RetainedStore
 from frontend.sessions.manager import SessionManager
-from frontend.sessions.redis import RedisSessionStore
+from frontend.sessions.redis import RedisClient, RedisSessionStore
 from frontend.sessions.store import MemorySessionStore, SessionStore
 from frontend.stats import serve_stats, snapshot
 from router.dispatch import Dispatcher
@@ -43,6 +44,10 @@ log = logging.getLogger("headwater.node")
 
 REDIS_WAIT = 10.0
 """Seconds a request waits for a free Redis connection before it counts as Redis unavailable."""
+
+CLUSTER_SPARE_CONNECTIONS = 8
+"""Connections per Redis Cluster node beyond the node's share of commands: subscriptions and
+pipelines, which hold a connection of their own."""
 
 
 class Node:
@@ -66,7 +71,7 @@ class Node:
         self.sessions = SessionManager(
             stamps,
             config.limits,
-            sessions or MemorySessionStore(),
+            sessions or MemorySessionStore(config.session_expiry),
             retained or MemoryRetainedStore(),
             self.dispatcher,
             self.log,
@@ -83,7 +88,7 @@ class Node:
         )
         self._server: asyncio.Server | None = None
         self._stats_server: asyncio.Server | None = None
-        self._redis: aioredis.Redis | None = None
+        self._redis: RedisClient | None = None
 
     @property
     def connections(self) -> set[MqttConnection]:
@@ -94,7 +99,7 @@ class Node:
             await self._connect_redis(self.config.redis_url)
         await self.log.start()
         if self.sessions.coordinator is not None:
-            await self.sessions.coordinator.sweep_wills()
+            await self.sessions.coordinator.sweep_dead_nodes()
         self.sessions.start()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
@@ -113,6 +118,24 @@ class Node:
         log.info("node %s serving MQTT on %s:%s", self.config.node_id, sock[0], sock[1])
 
     async def _connect_redis(self, url: str) -> None:
+        client = self._cluster_client(url) if self.config.redis_cluster else self._client(url)
+        try:
+            await client.ping()
+        except (RedisError, RedisClusterException, OSError) as exc:
+            await client.aclose()
+            raise ConnectionError(f"Redis at {url} is unreachable: {exc}") from exc
+        prefix = self.config.redis_prefix
+        store = RedisSessionStore(client, prefix, self.config.session_expiry)
+        sessions = self.sessions
+        coordinator = Coordinator(
+            store, self.config.node_id, sessions.release_requested, sessions.wills.publish_orphaned
+        )
+        retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
+        sessions.join_cluster(store, retained, coordinator)
+        await coordinator.start()
+        self._redis = client
+
+    def _client(self, url: str) -> aioredis.Redis:
         # A blocking pool: a burst of requests waits for a connection (up to REDIS_WAIT seconds)
         # instead of failing with "Too many connections", which would refuse CONNECTs.
         pool = aioredis.BlockingConnectionPool.from_url(
@@ -122,21 +145,17 @@ class Node:
             socket_timeout=5,
             socket_connect_timeout=5,
         )
-        client = aioredis.Redis.from_pool(pool)  # closing the client closes the pool
-        try:
-            await client.ping()
-        except (RedisError, OSError) as exc:
-            raise ConnectionError(f"Redis at {url} is unreachable: {exc}") from exc
-        prefix = self.config.redis_prefix
-        store = RedisSessionStore(client, prefix)
-        sessions = self.sessions
-        coordinator = Coordinator(
-            store, self.config.node_id, self.dispatcher.take_over, sessions.publish_orphaned_wills
+        return aioredis.Redis.from_pool(pool)  # closing the client closes the pool
+
+    def _cluster_client(self, url: str) -> RedisCluster:
+        connections = self.config.redis_connections
+        return QueuedCluster.from_url(
+            url,
+            turns=connections,
+            max_connections=connections + CLUSTER_SPARE_CONNECTIONS,
+            socket_timeout=5,
+            socket_connect_timeout=5,
         )
-        retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
-        sessions.join_cluster(store, retained, coordinator)
-        await coordinator.start()
-        self._redis = client
 
     def stats(self) -> dict[str, Any]:
         return snapshot(self.config.node_id, self.router, self.log, self.dispatcher, self.services)
@@ -160,6 +179,28 @@ class Node:
             await self._redis.aclose()
         if self._server is not None:
             await self._server.wait_closed()
+
+
+class QueuedCluster(RedisCluster):
+    """A Redis Cluster client whose commands wait their turn, up to ``REDIS_WAIT`` seconds, as
+    the blocking pool's do on one Redis: redis-py's cluster pool fails a command at once when
+    all of a node's connections are busy, which would refuse CONNECTs in a burst.  ``turns``
+    commands run at once, so no node is asked for more connections than that (plus the spare
+    ones for subscriptions and pipelines)."""
+
+    def __init__(self, *args: Any, turns: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._turns = asyncio.Semaphore(turns)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            await asyncio.wait_for(self._turns.acquire(), REDIS_WAIT)
+        except TimeoutError:
+            raise RedisError(f"no Redis connection free for {REDIS_WAIT:g} s") from None
+        try:
+            return await super().execute_command(*args, **kwargs)
+        finally:
+            self._turns.release()
 
 
 async def serve(config: NodeConfig) -> None:

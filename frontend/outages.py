@@ -34,14 +34,14 @@ from collections.abc import Coroutine
 from typing import Any
 
 from confluent_kafka import KafkaException
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from frontend.mqtt import channel as ch
 from frontend.mqtt.packets import ConnackCode
 
 log = logging.getLogger("headwater.outages")
 
-STORE_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError)
+STORE_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
 """What the session and retained stores raise when Redis is unreachable or failing."""
 LOG_ERRORS: tuple[type[Exception], ...] = (KafkaException,)
 """What the log raises when Kafka refuses a request."""

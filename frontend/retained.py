@@ -8,9 +8,12 @@ An empty payload stays as a tombstone, so an older write arriving late cannot re
 [MQTT-3.3.1-10], [MQTT-3.3.1-11]; ``match`` never returns tombstones.
 
 In Redis, one hash per routing key (``Pretained:{routing key}``: topic -> 12-byte (offset,
-partition) + record value, and ``...:offsets``: topic -> offset), and the set ``Pretained-keys``
-of routing keys that have any.  A filter whose routing levels are literal reads one hash; only
-wildcard routing levels read all.
+partition) + record value, and ``...:offsets``: topic -> offset; the braces are a hash tag, so in
+Redis Cluster both hashes of a routing key share a slot and one script updates them), and the set
+``Pretained-keys`` of routing keys that have any.  A filter whose routing levels are literal
+reads one hash; only wildcard routing levels read all.  The set is written before the hashes, in
+a command of its own (its slot is another): it may name a routing key whose hashes are not
+written yet, or were refused, which a reader takes as no message; it never misses one that has.
 """
 
 from __future__ import annotations
@@ -18,10 +21,9 @@ from __future__ import annotations
 import struct
 from typing import Protocol
 
-import redis.asyncio as aioredis
-
 from frontend.mqtt import topics
 from frontend.mqtt.message import Message
+from frontend.sessions.redis import RedisClient, hash_tag
 from router import record
 from router.partitioner import routing_key
 from router.record import Record
@@ -59,13 +61,12 @@ class MemoryRetainedStore:
 
 
 _APPLY_RETAINED = """
-local current = redis.call('HGET', KEYS[3], ARGV[1])
+local current = redis.call('HGET', KEYS[2], ARGV[1])
 if current and tonumber(current) >= tonumber(ARGV[3]) then
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
-redis.call('SADD', KEYS[2], ARGV[4])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 return 1
 """
 
@@ -75,25 +76,30 @@ _POSITION = struct.Struct(">qi")
 class RedisRetainedStore:
     """Retained messages, one hash per routing key."""
 
-    def __init__(self, client: aioredis.Redis, routing_depth: int, prefix: str = "hw:") -> None:
+    def __init__(self, client: RedisClient, routing_depth: int, prefix: str = "hw:") -> None:
         self.redis = client
         self.depth = routing_depth
         self.prefix = prefix
         self._apply = client.register_script(_APPLY_RETAINED)
 
     def _hash(self, key: str) -> str:
-        return f"{self.prefix}retained:{key}"
+        return f"{self.prefix}retained:{hash_tag(key)}"
+
+    @property
+    def _index(self) -> str:
+        return f"{self.prefix}retained-keys"
 
     async def apply(self, message: Message, partition: int, offset: int) -> None:
         key = routing_key(message.topic, self.depth)
         value = _POSITION.pack(offset, partition) + record.encode(message)
-        keys = [self._hash(key), f"{self.prefix}retained-keys", self._hash(key) + ":offsets"]
-        await self._apply(keys=keys, args=[message.topic, value, offset, key])
+        await self.redis.sadd(self._index, key)
+        keys = [self._hash(key), self._hash(key) + ":offsets"]
+        await self._apply(keys=keys, args=[message.topic, value, offset])
 
     async def match(self, topic_filter: str) -> list[Record]:
         key = routing_key(topic_filter, self.depth)
         if "+" in key or "#" in key:
-            members = await self.redis.smembers(f"{self.prefix}retained-keys")
+            members = await self.redis.smembers(self._index)
             hashes = [self._hash(_text(m)) for m in members]
         else:
             hashes = [self._hash(key)]

@@ -48,6 +48,7 @@ def snapshot(
         "connects_waited": sessions.opening_waited,
         "sessions_saved": sessions.saver.sessions_saved,
         "sessions_active": sessions.saver.active,
+        "sessions_expired": sessions.store.expired,
         "checkpoints_written": sessions.saver.checkpoints_written,
         "messages_produced": klog.produced,
         "produce_errors": klog.produce_errors,

@@ -8,6 +8,15 @@ Where each service comes from, decided separately for Kafka and for Redis:
    its state in a temporary directory.
 Services are started on first use (a unit-test run starts none) and stopped at session end.
 
+`kafka_cluster` is another Kafka, of three brokers in one KRaft quorum (`LocalKafkaCluster`, as
+`headwater dev up --kafka-brokers 3` runs it), for the tests of replication: always local
+processes, because those tests kill brokers; a test that kills one starts it again before it ends.
+Its topics take `KAFKA_CLUSTER_REPLICATION` (factor 3, min ISR 2).
+
+`redis_cluster_url` names a node of a Redis Cluster of three masters (`LocalRedisCluster`: local
+cluster-mode redis-servers joined by `redis-cli --cluster create`), for the tests that run against
+Redis Cluster too.
+
 Tests share the services, so they isolate themselves by name: `topic_name` is a fresh Kafka topic
 name (not created: call ensure_topic with the partitions you need) and `redis_prefix` a fresh key
 prefix. `free_port()` (re-exported here) gives an ephemeral loopback port; never use 1883.
@@ -23,15 +32,17 @@ from typing import Any
 import pytest
 
 from headwater.services import kafka_admin, redis_server
-from headwater.services.kafka import LocalKafka, new_cluster_id
+from headwater.services.kafka import LocalKafka, LocalKafkaCluster, new_cluster_id
 from headwater.services.ports import LOOPBACK, free_port
 from headwater.services.readiness import wait_until
-from headwater.services.redis_server import LocalRedis
+from headwater.services.redis_server import LocalRedis, LocalRedisCluster
 from headwater.settings import external_kafka_bootstrap, external_redis_url
+from router.topics import Replication
 
 __all__ = ["free_port"]
 
 KAFKA_IMAGE = "apache/kafka:4.1.1"
+KAFKA_CLUSTER_REPLICATION = Replication(factor=3, min_insync=2)
 REDIS_IMAGE = "redis:7"
 
 
@@ -118,6 +129,13 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
+    """A running three-broker Kafka of local processes; its `bootstrap` lists every broker."""
+    with LocalKafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), 3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of the session's Redis (external, container or local process)."""
     external = external_redis_url()
@@ -129,6 +147,13 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     else:
         with LocalRedis(tmp_path_factory.mktemp("redis"), appendonly=False) as redis:
             yield redis.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of one master of the session's local Redis Cluster (three masters, no replicas)."""
+    with LocalRedisCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster.url
 
 
 @pytest.fixture

@@ -83,8 +83,8 @@ class SessionManager:
         self.saver.store = store
         self.wills.retained = retained
 
-    async def start(self) -> None:
-        await self.saver.start()
+    def start(self) -> None:
+        self.saver.start()
 
     async def stop(self) -> None:
         await self.saver.stop()
@@ -186,7 +186,9 @@ class SessionManager:
 
     async def _acquire(self, client_id: str, clean: bool) -> tuple[Lease, StoredSession | None]:
         deadline = time.monotonic() + FORCE_AFTER
-        asked, force = False, False
+        asked: str | None = None
+        """The owner asked to let go; a session that moved on meanwhile is asked for again."""
+        force = False
         while True:
             answer = await self.store.acquire(client_id, self.node_id, clean, force)
             if not isinstance(answer, Busy):
@@ -195,10 +197,10 @@ class SessionManager:
                 return answer.lease, answer.state
             if answer.owner == self.node_id:
                 force = not await self._release_local(client_id)
-            elif not asked:
+            elif answer.owner != asked:
                 assert self.coordinator is not None, "a session owned elsewhere needs a cluster"
                 await self.coordinator.request_release(answer.owner, client_id)
-                asked = True
+                asked, deadline = answer.owner, time.monotonic() + FORCE_AFTER
             elif time.monotonic() > deadline:
                 log.warning("node %s did not release %s: taking it", answer.owner, client_id)
                 force = True

@@ -1,136 +1,247 @@
-"""Sessions in Redis: what lets any node serve any client.
+"""Sessions in Redis (one server, or Redis Cluster): what lets any node serve any client.
 
-Key layout (``P`` is the configurable prefix, default ``hw:``; braces mark where a client or
-node id goes).  One Redis (a primary with replicas) is assumed: the scripts touch keys of
-different clients' or nodes' names, so they are not Redis Cluster safe.
+Key layout (``P`` is the configurable prefix, default ``hw:``; ``{cid}`` and ``{node}`` are hash
+tags, so all keys of one client, and all keys of one node, sit in one Redis Cluster slot, see
+:func:`hash_tag`).  Every script touches the keys of one slot only, and names them in KEYS.
 
 ==============================  ======  ======================================================
-``P{cid}:session``              hash    ``owner`` node id, ``token`` fencing counter,
-                                        ``connected`` 0/1, ``present`` 1 once state is stored,
-                                        ``subs`` JSON filter->QoS, ``pos`` JSON partition->
-                                        offset, ``inflight`` JSON (record copies, base64),
-                                        ``lastid`` last packet id used, ``will`` the open
-                                        connection's will (a log record), if it has one
+``P{cid}:session``              hash    ``owner`` node id, ``token`` fencing token,
+                                        ``connected`` 0/1, ``clean`` 0/1 (as acquired),
+                                        ``present`` 1 once state is stored, ``subs`` JSON
+                                        filter->QoS, ``pos`` JSON partition->offset,
+                                        ``inflight`` JSON (record copies, base64), ``lastid``
+                                        last packet id used, ``liveon``/``livesince`` where the
+                                        session is live and from which checkpoint, ``will`` the
+                                        open connection's will (a log record), if it has one
 ``P{cid}:rel``                  set     inbound QoS 2 packet ids awaiting PUBREL
+``P{cid}:expiry``               string  the expiry marker of a parked session (TTL: the expiry)
 ``P{node}:alive``               string  set with a 5 s expiry while the node runs
 ``P{node}:inbox``               pubsub  takeover requests for sessions the node owns
-``P{node}:wills``               set     client ids of the node's connections that have a will
-``Pwill-nodes``                 set     node ids that have such connections
+``P{node}:owned``               hash    client id -> token (``0`` until known) of every session
+                                        the node owns or is acquiring: what to sweep if it dies
+``P{node}:ckpt``                hash    ``seq`` and partition -> offset: the node's delivery
+                                        checkpoint (TTL: the expiry and a margin)
+``Pnodes``                      set     node ids that may own sessions (swept when dead)
 ==============================  ======  ======================================================
 
-Ownership: ``acquire`` is one Lua script: if a live connection on a live node owns the session
-it answers "busy" (the caller asks that node to let go, see ``frontend.cluster``); otherwise it
-increments the token, records the new owner and returns the stored state.  Every later write
-(save, release, QoS 2 marks) is a script that first compares the caller's token with the stored
-one, so a node that lost ownership can never write again.
+Ownership: ``acquire`` is a script on the client's slot.  If a connection owns the session it
+answers "owned by X, token t"; the caller reads X's ``alive`` key (X's slot) and, if X is dead,
+runs the script again with t as the expected token: a compare-and-set that takes the session only
+if nobody acquired it in between.  Reading the ``alive`` key in the script would touch two slots;
+the split is safe because liveness only decides whether to take a session without asking, never
+who may write it: the token does that.  An ``alive`` key that reappears between the read and the
+take is the same as one that reappears just after the take, and the old owner's writes are
+refused either way.
 
-Wills of a dead node: a connection's will is stored with its session until the connection ends
-(its node publishes the will itself, or drops it on DISCONNECT).  If the node dies first, the
-will is published by whichever node comes first: ``acquire`` hands it to the node the client
-reconnects to (published before the new CONNACK), and every node's ``claim_wills`` sweep takes
-the wills of nodes whose ``alive`` key has expired.  Both delete the will as they take it, so it
-is published once, at most a few seconds after the crash.  A session taken by force (its node did
-not answer the takeover request) hands over its will the same way; the old node, when its next
-save is refused, closes that connection without publishing the will again.
+Every later write (save, release, QoS 2 marks, will) is a script that first checks the caller's
+token and that the session is still connected, so a node that lost ownership, or let go, can
+never write again.  A new token is the larger of the stored one plus one and Redis's clock in
+microseconds, so tokens grow even across a key that expired or was deleted (unless that clock
+steps back): a forgotten session leaves nothing behind, and no old lease matches a new session.
+
+Sessions end (``expiry`` seconds, 0: never): a parked session (released, or left by a dead node)
+gets its marker with the expiry as TTL, and its other keys the expiry plus a grace; ``acquire``
+removes both (PERSIST).  When Redis expires a marker it publishes the event; every node listens
+(``frontend.cluster``) and runs ``reap``, a script that deletes the session's keys if the marker
+is gone and the session still parked, so exactly one node removes them and counts it.  A client
+that comes back after the marker expired but before anyone reaped finds its session expired, and
+that ``acquire`` counts it instead; a session nobody reaps (no node up) goes with its keys' TTL,
+uncounted.  Nothing is ever found by scanning keys.
+
+Dead nodes: a node records in ``P{node}:owned`` every session it is acquiring, before the acquire
+(so a crash leaves it findable), and removes it after letting go, only if the entry still holds
+that lease's token (so letting go of an old lease never hides a newer one).  Entries may outlive
+their sessions; never the reverse.  ``sweep_node`` takes a dead node's entries, a batch per round
+trip (the cost falls on a node's death, in proportion to its sessions): per client, a script
+takes the connection's will (for the caller to publish), parks a persistent session (expiring
+from now) or deletes a clean one, and leaves alone a session acquired after the node was found
+dead (tokens are times: the node came back).  The will of a dead owner's connection goes to
+whichever comes first, the sweep or the node the client reconnects to (``acquire``); both delete
+it as they take it, so it is published once.  A session taken by force hands over its will the
+same way; the old node, when its next save is refused, closes that connection without publishing
+the will again.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
+from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from frontend.mqtt.session import StoredOutbound, StoredSession
-from frontend.sessions.store import Acquired, Busy, Lease
+from frontend.sessions.store import DEFAULT_EXPIRY, Acquired, Busy, Lease
+
+RedisClient = aioredis.Redis | RedisCluster
+"""One Redis server (or a primary with replicas), or a Redis Cluster."""
 
 ALIVE_SECONDS = 5
+EXPIRY_GRACE = 60.0
+"""Seconds at most that a parked session's keys outlive its marker, for a node to reap them."""
+CHECKPOINT_MARGIN = 60.0
+"""Seconds a node's checkpoint outlives the sessions that may still need it."""
+SWEEP_BATCH = 500
+"""Clients of a dead node handled per round trip."""
 
-_ACQUIRE = """
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner and owner ~= '' and ARGV[3] ~= '1'
-   and redis.call('HGET', KEYS[1], 'connected') == '1'
-   and redis.call('EXISTS', ARGV[4] .. owner .. '}:alive') == 1 then
-  return {'busy', owner}
-end
-local orphaned = false
-if owner and owner ~= '' and redis.call('HGET', KEYS[1], 'connected') == '1' then
-  -- still connected, yet not busy: its node is dead, or taken by force from a node that did not
-  -- answer; either way that connection's will is ours to publish
-  orphaned = redis.call('HGET', KEYS[1], 'will')
-  redis.call('SREM', ARGV[4] .. owner .. '}:wills', ARGV[5])
-end
-redis.call('HDEL', KEYS[1], 'will')
-local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'connected', '1')
-if ARGV[2] == '1' then
-  redis.call('HDEL', KEYS[1], 'present', 'subs', 'pos', 'inflight', 'lastid')
-  redis.call('DEL', KEYS[2])
-end
-return {'ok', tostring(token), redis.call('HGETALL', KEYS[1]), redis.call('SMEMBERS', KEYS[2]),
-        orphaned}
+
+def hash_tag(name: str) -> str:
+    """``{name}``: the hash tag that puts every key of one client, node or routing key in one
+    Redis Cluster slot.  A name that cannot be a tag as it is (empty, or holding ``}``) is tagged
+    by its hex form behind ``#``, which no plain name's keys can start with."""
+    if name and "}" not in name:
+        return f"{{{name}}}"
+    return f"#{{x{name.encode().hex()}}}"
+
+
+_FENCE = """
+local lease = redis.call('HMGET', KEYS[1], 'token', 'connected')
+if lease[1] ~= ARGV[1] or lease[2] ~= '1' then return 0 end
 """
 
-_FENCE = "if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end\n"
-
-_SAVE = (
-    _FENCE
-    + """
-redis.call('HSET', KEYS[1], 'present', '1', 'subs', ARGV[2], 'pos', ARGV[3],
-           'inflight', ARGV[4], 'lastid', ARGV[5])
-return 1
-"""
-)
-
-_RELEASE = (
-    _FENCE
-    + """
-redis.call('SREM', KEYS[3], ARGV[6])
-redis.call('HDEL', KEYS[1], 'will')
-if ARGV[2] == '' then
-  redis.call('DEL', KEYS[1], KEYS[2])
-  redis.call('HSET', KEYS[1], 'token', ARGV[1])
-  return 1
-end
-redis.call('HSET', KEYS[1], 'present', '1', 'subs', ARGV[2], 'pos', ARGV[3],
-           'inflight', ARGV[4], 'lastid', ARGV[5], 'connected', '0', 'owner', '')
-return 1
-"""
-)
-
-_KEEP_WILL = (
-    _FENCE
-    + """
-redis.call('HSET', KEYS[1], 'will', ARGV[2])
-redis.call('SADD', KEYS[3], ARGV[3])
-redis.call('SADD', KEYS[4], ARGV[4])
-return 1
-"""
-)
-
-_CLAIM_WILLS = """
-if ARGV[3] == '1' and redis.call('EXISTS', ARGV[2] .. ARGV[1] .. '}:alive') == 1 then
-  return {}
-end
-local wills = {}
-for _, cid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local key = ARGV[2] .. cid .. '}:session'
-  local owned = redis.call('HGET', key, 'owner') == ARGV[1]
-  if owned and redis.call('HGET', key, 'connected') == '1' then
-    local will = redis.call('HGET', key, 'will')
-    if will then
-      wills[#wills + 1] = will
-      redis.call('HDEL', key, 'will')
-    end
+_PARK = """
+local function park(ttl, grace)
+  if tonumber(ttl) > 0 then
+    redis.call('PEXPIRE', KEYS[1], tonumber(ttl) + tonumber(grace))
+    redis.call('PEXPIRE', KEYS[2], tonumber(ttl) + tonumber(grace))
+    redis.call('SET', KEYS[3], '', 'PX', ttl)
   end
 end
-redis.call('DEL', KEYS[1])
-redis.call('SREM', KEYS[2], ARGV[1])
-return wills
 """
 
+# KEYS session, rel, marker.  Parked with the marker gone: expired, not yet reaped.
+_EXPIRED = "redis.call('PTTL', KEYS[1]) >= 0 and redis.call('EXISTS', KEYS[3]) == 0"
+
+_ACQUIRE = f"""
+-- ARGV node, clean, force, the token of an owner found dead ('' if none)
+local connected = redis.call('HGET', KEYS[1], 'connected') == '1'
+local token = redis.call('HGET', KEYS[1], 'token')
+if connected and ARGV[3] ~= '1' and token ~= ARGV[4] then
+  return {{'owned', redis.call('HGET', KEYS[1], 'owner'), token}}
+end
+local expired = 0
+if {_EXPIRED} then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  expired = 1
+end
+local orphaned = false
+if connected then
+  -- its node is dead, or did not answer a takeover: that connection's will is ours to publish
+  orphaned = redis.call('HGET', KEYS[1], 'will')
+end
+local now = redis.call('TIME')
+token = string.format('%.0f', math.max(tonumber(token or 0) + 1, now[1] * 1000000 + now[2]))
+redis.call('HDEL', KEYS[1], 'will')
+redis.call('HSET', KEYS[1], 'token', token, 'owner', ARGV[1], 'connected', '1', 'clean', ARGV[2])
+redis.call('PERSIST', KEYS[1])
+redis.call('PERSIST', KEYS[2])
+redis.call('DEL', KEYS[3])
+if ARGV[2] == '1' then
+  redis.call('HDEL', KEYS[1], 'present', 'subs', 'pos', 'inflight', 'lastid', 'liveon',
+             'livesince')
+  redis.call('DEL', KEYS[2])
+end
+return {{'ok', token, redis.call('HGETALL', KEYS[1]), redis.call('SMEMBERS', KEYS[2]), orphaned,
+        expired}}
+"""
+
+_STATE_FIELDS = """
+local function store_state(first)
+  redis.call('HSET', KEYS[1], 'present', '1', 'subs', ARGV[first], 'pos', ARGV[first + 1],
+             'inflight', ARGV[first + 2], 'lastid', ARGV[first + 3], 'liveon', ARGV[first + 4],
+             'livesince', ARGV[first + 5])
+end
+"""
+
+_SAVE = _STATE_FIELDS + _FENCE + "store_state(2)\nreturn 1\n"
+
+_RELEASE = (
+    _STATE_FIELDS
+    + _PARK
+    + _FENCE
+    + """
+-- ARGV token, expiry ms, grace ms, keep (0/1), the state
+if ARGV[4] ~= '1' then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+  return 1
+end
+redis.call('HDEL', KEYS[1], 'will')
+store_state(5)
+redis.call('HSET', KEYS[1], 'connected', '0', 'owner', '')
+park(ARGV[2], ARGV[3])
+return 1
+"""
+)
+
+_KEEP_WILL = _FENCE + "redis.call('HSET', KEYS[1], 'will', ARGV[2])\nreturn 1\n"
 _MARK = _FENCE + "redis.call('SADD', KEYS[2], ARGV[2])\nreturn 1\n"
 _UNMARK = _FENCE + "redis.call('SREM', KEYS[2], ARGV[2])\nreturn 1\n"
+
+_ORPHAN = (
+    _PARK
+    + """
+-- ARGV the dead node, the time it was found dead (us), expiry ms, grace ms
+local s = redis.call('HMGET', KEYS[1], 'owner', 'connected', 'token', 'clean', 'will')
+if s[1] ~= ARGV[1] or s[2] ~= '1' then
+  return {'gone', false}
+end
+if tonumber(s[3]) >= tonumber(ARGV[2]) then
+  return {'live', false}  -- acquired after the node was found dead: it is back
+end
+if s[4] == '1' then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return {'ended', s[5]}
+end
+redis.call('HDEL', KEYS[1], 'will')
+redis.call('HSET', KEYS[1], 'connected', '0', 'owner', '')
+park(ARGV[3], ARGV[4])
+return {'parked', s[5]}
+"""
+)
+
+_REAP = f"""
+if {_EXPIRED} then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS a node's owned hash; ARGV client id, token.
+_OWN = """
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if not held or tonumber(held) < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+return 1
+"""
+_DISOWN = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 1
+"""
+
+_CHECKPOINT = """
+-- ARGV seq, TTL ms (0: none), then partition, offset pairs
+local stored = redis.call('HGET', KEYS[1], 'seq')
+if stored and tonumber(stored) > tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'seq', ARGV[1])
+for i = 3, #ARGV, 1000 do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+"""
 
 
 def _encode_inflight(items: list[StoredOutbound]) -> str:
@@ -154,6 +265,8 @@ def _session_args(state: StoredSession) -> list[str | int]:
         json.dumps({str(p): o for p, o in state.positions.items()}),
         _encode_inflight(state.inflight),
         state.last_id,
+        state.live_on,
+        state.live_since,
     ]
 
 
@@ -166,84 +279,223 @@ def _decode_session(fields: dict[str, str], rel: list[str]) -> StoredSession | N
         inflight=_decode_inflight(fields.get("inflight", "[]")),
         awaiting_rel=sorted(int(r) for r in rel),
         last_id=int(fields.get("lastid", "0")),
+        live_on=fields.get("liveon", ""),
+        live_since=int(fields.get("livesince", "0")),
     )
+
+
+Call = tuple[list[str], list[str | int]]
+"""One script run: its keys and arguments."""
 
 
 class RedisSessionStore:
     """The cluster-wide session store."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str = "hw:") -> None:
+    def __init__(
+        self, client: RedisClient, prefix: str = "hw:", expiry: float = DEFAULT_EXPIRY
+    ) -> None:
         self.redis = client
         self.prefix = prefix
+        self.expired = 0
+        self._expiry_ms = round(expiry * 1000)
+        self._grace_ms = round(min(expiry, EXPIRY_GRACE) * 1000)
+        self._checkpoint_ms = (
+            self._expiry_ms + self._grace_ms + round(CHECKPOINT_MARGIN * 1000) if expiry else 0
+        )
         self._acquire = client.register_script(_ACQUIRE)
         self._save = client.register_script(_SAVE)
         self._release = client.register_script(_RELEASE)
         self._keep_will = client.register_script(_KEEP_WILL)
-        self._claim_wills = client.register_script(_CLAIM_WILLS)
         self._mark = client.register_script(_MARK)
         self._unmark = client.register_script(_UNMARK)
+        self._orphan = client.register_script(_ORPHAN)
+        self._reap = client.register_script(_REAP)
+        self._own = client.register_script(_OWN)
+        self._disown = client.register_script(_DISOWN)
+        self._checkpoint = client.register_script(_CHECKPOINT)
+
+    # -- key names ----------------------------------------------------------------------------
 
     def _keys(self, client_id: str) -> list[str]:
-        return [f"{self.prefix}{{{client_id}}}:session", f"{self.prefix}{{{client_id}}}:rel"]
+        """A client's session, QoS 2 marks and expiry marker, the KEYS of its scripts."""
+        base = self.prefix + hash_tag(client_id)
+        return [f"{base}:session", f"{base}:rel", f"{base}:expiry"]
+
+    def _node_key(self, node_id: str, name: str) -> str:
+        return f"{self.prefix}{hash_tag(node_id)}:{name}"
 
     def alive_key(self, node_id: str) -> str:
-        return f"{self.prefix}{{{node_id}}}:alive"
-
-    def _wills(self, node_id: str) -> str:
-        return f"{self.prefix}{{{node_id}}}:wills"
-
-    @property
-    def _will_nodes(self) -> str:
-        return f"{self.prefix}will-nodes"
+        return self._node_key(node_id, "alive")
 
     def inbox(self, node_id: str) -> str:
-        return f"{self.prefix}{{{node_id}}}:inbox"
+        return self._node_key(node_id, "inbox")
+
+    @property
+    def _nodes(self) -> str:
+        return f"{self.prefix}nodes"
+
+    # -- liveness and dead nodes --------------------------------------------------------------
 
     async def heartbeat(self, node_id: str) -> None:
-        await self.redis.set(self.alive_key(node_id), "1", ex=ALIVE_SECONDS)
+        """Mark ``node_id`` alive for ``ALIVE_SECONDS``, and listed among the nodes to sweep
+        (again, if it was swept while it could not reach Redis)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(self.alive_key(node_id), "1", ex=ALIVE_SECONDS)
+        pipe.sadd(self._nodes, node_id)
+        await pipe.execute()
+
+    async def nodes(self) -> list[str]:
+        """Node ids that may have sessions to sweep."""
+        return [_text(n) for n in await self.redis.smembers(self._nodes)]
+
+    async def sweep_node(self, node_id: str, only_if_dead: bool = True) -> list[bytes]:
+        """Take over what ``node_id`` left, if it is dead (or unconditionally: a node restarting
+        under the id of one that crashed): its persistent sessions expire from now, its clean
+        ones end, and its connections' wills come back for the caller to publish."""
+        if only_if_dead and await self.redis.exists(self.alive_key(node_id)):
+            return []
+        found_dead = await self._now()
+        if self._checkpoint_ms:  # its sessions may need it until they expire
+            await self.redis.pexpire(self._node_key(node_id, "ckpt"), self._checkpoint_ms)
+        owned = self._node_key(node_id, "owned")
+        args: list[str | int] = [node_id, found_dead, self._expiry_ms, self._grace_ms]
+        wills: list[bytes] = []
+        cursor = 0
+        while True:
+            cursor, batch = await self.redis.hscan(owned, cursor, count=SWEEP_BATCH)
+            entries = [(_text(c), _text(t)) for c, t in cast(dict[Any, Any], batch).items()]
+            calls: list[Call] = [(self._keys(client_id), args) for client_id, _ in entries]
+            answers = await self._run_many(self._orphan, calls)
+            wills += [answer[1] for answer in answers if answer[1]]
+            done: list[Call] = [
+                ([owned], [client_id, token])
+                for (client_id, token), answer in zip(entries, answers, strict=True)
+                if _text(answer[0]) != "live"
+            ]
+            await self._run_many(self._disown, done)
+            if cursor == 0:
+                break
+        if only_if_dead and not await self.redis.exists(owned):
+            await self._unlist(node_id)
+        return wills
+
+    async def _unlist(self, node_id: str) -> None:
+        """Stop sweeping a dead node that left nothing.  Another slot than its ``alive`` key:
+        if the node came back meanwhile, its heartbeat may have listed it before the removal,
+        so it is listed again (a later heartbeat would, but it may own sessions by then)."""
+        await self.redis.srem(self._nodes, node_id)
+        if await self.redis.exists(self.alive_key(node_id)):
+            await self.redis.sadd(self._nodes, node_id)
+
+    async def reap(self, key: str) -> None:
+        """Redis expired ``key``: if it is one of our sessions' expiry markers, delete that
+        session's keys unless it was resumed since, and count it if this call did."""
+        suffix = ":expiry"
+        ours = key.startswith(self.prefix) and key[len(self.prefix) :].startswith(("{", "#{"))
+        if not (ours and key.endswith(suffix)):
+            return
+        base = key[: -len(suffix)]
+        if await self._reap(keys=[f"{base}:session", f"{base}:rel", key]):
+            self.expired += 1
+
+    async def _now(self) -> int:
+        """Redis's clock, in microseconds: what tokens are made of."""
+        seconds, micros = await self.redis.time()
+        return int(seconds) * 1_000_000 + int(micros)
+
+    # -- the SessionStore interface -----------------------------------------------------------
 
     async def acquire(
         self, client_id: str, node_id: str, clean: bool, force: bool = False
     ) -> Acquired | Busy:
-        args: list[str | int] = [node_id, int(clean), int(force), f"{self.prefix}{{", client_id]
-        answer = await self._acquire(keys=self._keys(client_id), args=args)
-        if _text(answer[0]) == "busy":
-            return Busy(_text(answer[1]))
+        keys = self._keys(client_id)
+        owned = self._node_key(node_id, "owned")
+        await self.redis.hset(owned, client_id, "0")  # findable before it is ours
+        dead_owners_token = ""
+        while True:
+            args: list[str | int] = [node_id, int(clean), int(force), dead_owners_token]
+            answer = await self._acquire(keys=keys, args=args)
+            if _text(answer[0]) == "ok":
+                break
+            owner = _text(answer[1])
+            if owner == node_id or await self.redis.exists(self.alive_key(owner)):
+                return Busy(owner)
+            dead_owners_token = _text(answer[2])  # take it only if it is still that owner's
+        token = _text(answer[1])
+        await self._own(keys=[owned], args=[client_id, token])
+        if answer[5]:
+            self.expired += 1
         flat = [_text(x) for x in answer[2]]  # read after the will was taken out: all text
         fields = dict(zip(flat[::2], flat[1::2], strict=True))
-        lease = Lease(client_id, node_id, int(_text(answer[1])))
         state = _decode_session(fields, [_text(x) for x in answer[3]])
-        return Acquired(lease, state, answer[4] or None)
+        return Acquired(Lease(client_id, node_id, int(token)), state, answer[4] or None)
 
     async def keep_will(self, lease: Lease, will: bytes) -> None:
-        keys = [*self._keys(lease.client_id), self._wills(lease.node_id), self._will_nodes]
-        await self._keep_will(keys=keys, args=[lease.token, will, lease.client_id, lease.node_id])
-
-    async def claim_wills(self, node_id: str, only_if_dead: bool) -> list[bytes]:
-        """Take the wills of ``node_id``'s connections, if it is dead (or unconditionally: a node
-        restarting under the id of one that crashed), for the caller to publish."""
-        keys = [self._wills(node_id), self._will_nodes]
-        args: list[str | int] = [node_id, f"{self.prefix}{{", int(only_if_dead)]
-        return list(await self._claim_wills(keys=keys, args=args))
-
-    async def nodes_with_wills(self) -> list[str]:
-        return [_text(n) for n in await self.redis.smembers(self._will_nodes)]
+        await self._keep_will(keys=self._keys(lease.client_id), args=[lease.token, will])
 
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         keys = self._keys(lease.client_id)
         return bool(await self._save(keys=keys, args=[lease.token, *_session_args(state)]))
 
+    async def save_many(self, saves: Sequence[tuple[Lease, StoredSession]]) -> list[bool]:
+        calls = [
+            (self._keys(lease.client_id), [lease.token, *_session_args(state)])
+            for lease, state in saves
+        ]
+        return [bool(result) for result in await self._run_many(self._save, calls)]
+
     async def release(self, lease: Lease, state: StoredSession | None) -> None:
-        args = [lease.token, *(_session_args(state) if state else ["", "", "", ""])]
-        args.append(lease.client_id)
-        keys = [*self._keys(lease.client_id), self._wills(lease.node_id)]
-        await self._release(keys=keys, args=args)
+        keep = state is not None
+        args: list[str | int] = [lease.token, self._expiry_ms, self._grace_ms, int(keep)]
+        if state is not None:
+            args += _session_args(state)
+        await self._release(keys=self._keys(lease.client_id), args=args)
+        owned = self._node_key(lease.node_id, "owned")
+        await self._disown(keys=[owned], args=[lease.client_id, lease.token])
+
+    async def checkpoint(self, node_id: str, seq: int, positions: dict[int, int]) -> None:
+        args: list[str | int] = [seq, self._checkpoint_ms]
+        for partition, offset in positions.items():
+            args += [partition, offset]
+        await self._checkpoint(keys=[self._node_key(node_id, "ckpt")], args=args)
+
+    async def read_checkpoint(self, node_id: str) -> tuple[int, dict[int, int]]:
+        stored = await self.redis.hgetall(self._node_key(node_id, "ckpt"))
+        fields = {_text(name): int(value) for name, value in stored.items()}
+        seq = fields.pop("seq", 0)
+        return seq, {int(p): o for p, o in fields.items()}
 
     async def mark_received(self, lease: Lease, packet_id: int) -> None:
         await self._mark(keys=self._keys(lease.client_id), args=[lease.token, packet_id])
 
     async def unmark_received(self, lease: Lease, packet_id: int) -> None:
         await self._unmark(keys=self._keys(lease.client_id), args=[lease.token, packet_id])
+
+    # -- pipelines ----------------------------------------------------------------------------
+
+    async def _run_many(self, script: AsyncScript, calls: Sequence[Call]) -> list[Any]:
+        """Run ``script`` once per call, in one pipeline (one round trip per Redis server).
+        The cluster pipeline sends EVALSHA without loading a missing script, so one that a
+        server lost (a restart) is loaded and the calls that missed it run again."""
+        results = await self._pipelined(script, calls)
+        missed = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+        if missed:
+            await self.redis.script_load(script.script)
+            again = await self._pipelined(script, [calls[i] for i in missed])
+            for i, result in zip(missed, again, strict=True):
+                results[i] = result
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    async def _pipelined(self, script: AsyncScript, calls: Sequence[Call]) -> list[Any]:
+        if not calls:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return list(await pipe.execute(raise_on_error=False))
 
 
 def _text(value: bytes | str) -> str:

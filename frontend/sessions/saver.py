@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,7 +73,10 @@ class Saver:
     """What the store holds of this node's sessions, kept up to date at the cost of activity."""
 
     def __init__(self, node_id: str, store: SessionStore, dispatcher: Dispatcher) -> None:
-        self.node_id = node_id
+        self.checkpoint_id = f"{node_id}.{secrets.token_hex(4)}"
+        """Whose checkpoints this process writes: a node restarted under the same id starts a
+        series of its own, since the sessions it served before were counted in the old one
+        only (and are resolved against it)."""
         self.store = store
         self.dispatcher = dispatcher
         self._persistent: dict[str, Owned] = {}
@@ -94,9 +98,8 @@ class Saver:
         """Persistent sessions looked at each round now (the rest cost nothing)."""
         return len(self._active)
 
-    async def start(self) -> None:
-        """Continue this node id's checkpoint numbering, then save and checkpoint each round."""
-        self._seq, self._checkpointed = await self.store.read_checkpoint(self.node_id)
+    def start(self) -> None:
+        """Save and checkpoint every ``SAVE_INTERVAL`` from now on."""
         self._task = asyncio.get_running_loop().create_task(self._save_periodically())
 
     async def stop(self) -> None:
@@ -119,7 +122,7 @@ class Saver:
             positions = self.dispatcher.positions_for(owned.session)
         state = owned.session.snapshot(positions, lambda out: record.encode(out.message))
         if live:
-            state.live_on, state.live_since = self.node_id, owned.live_since
+            state.live_on, state.live_since = self.checkpoint_id, owned.live_since
         return state
 
     async def save(self, owned: Owned) -> None:
@@ -215,7 +218,7 @@ class Saver:
         if positions == self._checkpointed:
             return
         self._seq += 1
-        await self.store.checkpoint(self.node_id, self._seq, positions)
+        await self.store.checkpoint(self.checkpoint_id, self._seq, positions)
         self._checkpointed = positions
         self.checkpoints_written += 1
 

@@ -2,16 +2,27 @@
 
 The session manager talks to this interface only; ``frontend.sessions.redis`` is the cluster's
 backend, and one contract test suite runs against both.  Ownership is a lease fenced by a token
-that only grows: a node that lost a session can never write it again.
+that only grows: a node that lost a session, or let it go, can never write it again.
+
+Sessions end: a persistent session released and not acquired again within the store's
+``expiry`` seconds (0: never) is removed with everything kept for it, and counted in
+``expired``.  In memory, one heap of deadlines and one timer serve the whole store; a deadline
+whose session was resumed meanwhile is skipped when its time comes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from frontend.mqtt.session import StoredSession
+
+DEFAULT_EXPIRY = 7200.0
+"""Seconds a released persistent session is kept (EMQX's default); 0: forever."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,9 +52,12 @@ class Busy:
 
 
 class SessionStore(Protocol):
-    """Sessions and their ownership.  Every write carries the writer's lease; a write with a
-    token older than the session's is refused, so a node that lost a session can never
-    overwrite it afterwards."""
+    """Sessions and their ownership.  Every write carries the writer's lease; a write whose
+    lease is no longer current (the session was taken over, or let go) is refused, so a node
+    that lost a session can never overwrite it afterwards."""
+
+    expired: int
+    """Sessions this store removed because they were not resumed within the expiry."""
 
     async def acquire(
         self, client_id: str, node_id: str, clean: bool, force: bool = False
@@ -68,12 +82,12 @@ class SessionStore(Protocol):
         forget the session (None)."""
 
     async def checkpoint(self, node_id: str, seq: int, positions: dict[int, int]) -> None:
-        """Store ``node_id``'s delivery checkpoint number ``seq`` (numbers only grow): per
-        partition, an offset at or below the next undelivered one of every session live on
-        that node when it was taken."""
+        """Store delivery checkpoint number ``seq`` (numbers only grow) of the node process
+        named ``node_id`` (its ``Saver.checkpoint_id``): per partition, an offset at or below
+        the next undelivered one of every session live in that process when it was taken."""
 
     async def read_checkpoint(self, node_id: str) -> tuple[int, dict[int, int]]:
-        """``node_id``'s last checkpoint: its number and positions; (0, {}) if none."""
+        """The last checkpoint of ``node_id``: its number and positions; (0, {}) if none."""
 
     async def mark_received(self, lease: Lease, packet_id: int) -> None:
         """Record an inbound QoS 2 packet id awaiting PUBREL, before PUBREC is sent.  The marks
@@ -87,36 +101,44 @@ class MemorySessionStore:
     """Sessions kept in this process: the single-node store (and the unit tests').
 
     As in Redis, the QoS 2 marks are kept apart from the saved state: they are the record of
-    which inbound packet ids await PUBREL, whatever a save or release carries."""
+    which inbound packet ids await PUBREL, whatever a save or release carries.  Tokens come
+    from one counter for the whole store, so nothing of a forgotten session needs keeping."""
 
-    def __init__(self) -> None:
+    def __init__(self, expiry: float = DEFAULT_EXPIRY) -> None:
+        self.expiry = expiry
+        self.expired = 0
         self._states: dict[str, StoredSession] = {}
         self._marks: dict[str, set[int]] = {}
-        self._owners: dict[str, tuple[str, int]] = {}
-        self._tokens: dict[str, int] = {}
+        self._owners: dict[str, Lease] = {}
+        self._tokens = itertools.count(1)
+        self._parked: dict[str, float] = {}  # client id -> when it expires (loop time)
+        self._deadlines: list[tuple[float, str]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._checkpoints: dict[str, tuple[int, dict[int, int]]] = {}
 
     async def acquire(
         self, client_id: str, node_id: str, clean: bool, force: bool = False
     ) -> Acquired | Busy:
+        self._expire_due()
         owner = self._owners.get(client_id)
         if owner is not None and not force:
-            return Busy(owner[0])
-        token = self._tokens.get(client_id, 0) + 1
-        self._tokens[client_id] = token
-        self._owners[client_id] = (node_id, token)
+            return Busy(owner.node_id)
+        lease = Lease(client_id, node_id, next(self._tokens))
+        self._owners[client_id] = lease
+        self._parked.pop(client_id, None)
         if clean:
             self._forget(client_id)
         state = self._states.get(client_id)
         if state is not None:
             marks = sorted(self._marks.get(client_id, ()))
             state = replace(state, awaiting_rel=marks)
-        return Acquired(Lease(client_id, node_id, token), state)
+        return Acquired(lease, state)
 
     async def keep_will(self, lease: Lease, will: bytes) -> None:
         """Nothing to do: in one process a will dies with the node that would publish it."""
 
     def _current(self, lease: Lease) -> bool:
-        return self._tokens.get(lease.client_id) == lease.token
+        return self._owners.get(lease.client_id) == lease
 
     def _forget(self, client_id: str) -> None:
         self._states.pop(client_id, None)
@@ -128,14 +150,27 @@ class MemorySessionStore:
         self._states[lease.client_id] = state
         return True
 
+    async def save_many(self, saves: Sequence[tuple[Lease, StoredSession]]) -> list[bool]:
+        return [await self.save(lease, state) for lease, state in saves]
+
     async def release(self, lease: Lease, state: StoredSession | None) -> None:
         if not self._current(lease):
             return
-        self._owners.pop(lease.client_id, None)
+        del self._owners[lease.client_id]
         if state is None:
             self._forget(lease.client_id)
         else:
             self._states[lease.client_id] = state
+            self._park(lease.client_id)
+
+    async def checkpoint(self, node_id: str, seq: int, positions: dict[int, int]) -> None:
+        stored = self._checkpoints.get(node_id)
+        if stored is None or seq >= stored[0]:
+            self._checkpoints[node_id] = (seq, dict(positions))
+
+    async def read_checkpoint(self, node_id: str) -> tuple[int, dict[int, int]]:
+        seq, positions = self._checkpoints.get(node_id, (0, {}))
+        return seq, dict(positions)
 
     async def mark_received(self, lease: Lease, packet_id: int) -> None:
         if self._current(lease):
@@ -144,3 +179,34 @@ class MemorySessionStore:
     async def unmark_received(self, lease: Lease, packet_id: int) -> None:
         if self._current(lease):
             self._marks.get(lease.client_id, set()).discard(packet_id)
+
+    # -- expiry: one heap, one timer ----------------------------------------------------------
+
+    def _park(self, client_id: str) -> None:
+        if not self.expiry:
+            return
+        deadline = asyncio.get_running_loop().time() + self.expiry
+        self._parked[client_id] = deadline
+        heapq.heappush(self._deadlines, (deadline, client_id))
+        self._arm()
+
+    def _arm(self) -> None:
+        """Time the next deadline.  Deadlines only grow (now + a fixed expiry), so an armed
+        timer is never later than a deadline pushed after it."""
+        if self._timer is None and self._deadlines:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(self._deadlines[0][0], self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._expire_due()
+        self._arm()
+
+    def _expire_due(self) -> None:
+        now = asyncio.get_running_loop().time()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, client_id = heapq.heappop(self._deadlines)
+            if self._parked.get(client_id) == deadline:  # not resumed since
+                del self._parked[client_id]
+                self._forget(client_id)
+                self.expired += 1

@@ -1,16 +1,25 @@
-"""Redis for sessions: a local `redis-server` child, or an external one checked with PING.
+"""Redis for sessions: a local `redis-server` child, a local Redis Cluster, or an external one
+checked with PING.
 
 `LocalRedis(state_dir, appendonly=...)` runs Debian's redis-server on a free loopback port with its
 working directory, log file and (when `appendonly` is set) its append-only file under `state_dir`.
 RDB snapshots are always off: tests want no persistence at all, and `dev up` wants the AOF, which
-survives a crash with at most a second of writes lost. Ready means it answers PING.
+survives a crash with at most a second of writes lost. Ready means it answers PING. Expired-key
+events are on (`notify-keyspace-events Ex`): nodes count expired sessions by them, and a restarted
+server keeps the setting.
+
+`LocalRedisCluster(state_dir, masters=3)` runs that many such servers with cluster mode on (each
+with its cluster bus on a second free port), joins them with `redis-cli --cluster create` and no
+replicas, and is ready once every one reports `cluster_state:ok`.
 """
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import urllib.parse
 from pathlib import Path
+from typing import Self
 
 import redis
 
@@ -77,12 +86,15 @@ class LocalRedis(LocalService):
         state_dir: Path,
         *,
         appendonly: bool = False,
+        cluster: bool = False,
         cancel: threading.Event | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.appendonly = appendonly
+        self.cluster = cluster
         self.cancel = cancel
         self.port: int | None = None
+        self.bus_port: int | None = None
         self.child: ChildProcess | None = None
 
     @property
@@ -92,8 +104,9 @@ class LocalRedis(LocalService):
         return f"redis://{LOOPBACK}:{self.port}/0"
 
     def argv(self, binary: str, port: int) -> list[str]:
-        """The redis-server command line: loopback only, foreground, persistence as configured."""
-        return [
+        """The redis-server command line: loopback only, foreground, persistence as configured,
+        and, for a cluster member, cluster mode with its bus on `bus_port`."""
+        argv = [
             binary,
             "--bind", LOOPBACK,
             "--port", str(port),
@@ -104,7 +117,16 @@ class LocalRedis(LocalService):
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
             "--appendfsync", "everysec",
+            "--notify-keyspace-events", "Ex",
         ]  # fmt: skip
+        if self.cluster:
+            assert self.bus_port is not None, "a cluster member's bus port is picked at launch"
+            argv += [
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", str(self.state_dir / "nodes.conf"),
+                "--cluster-port", str(self.bus_port),
+            ]  # fmt: skip
+        return argv
 
     def start(self, timeout: float = 30.0) -> str:
         """Start redis-server and return its URL once it answers PING."""
@@ -116,6 +138,8 @@ class LocalRedis(LocalService):
         binary = require_redis_server()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        if self.cluster:
+            self.bus_port = free_port()
         log_path = self.state_dir / "redis.log"
         self.child = ChildProcess.spawn("redis", self.argv(binary, self.port), log_path)
         return self.child
@@ -133,3 +157,79 @@ class LocalRedis(LocalService):
             ),
             self.url,
         )
+
+
+class LocalRedisCluster:
+    """`masters` cluster-mode redis-servers under `state_dir`, joined into one Redis Cluster with
+    no replicas; started and stopped together, and usable as a context manager that does both.
+
+    `url` names the first master: a cluster client learns the others from it."""
+
+    def __init__(
+        self, state_dir: Path, masters: int = 3, *, cancel: threading.Event | None = None
+    ) -> None:
+        self.state_dir = state_dir.resolve()
+        self.cancel = cancel
+        self.nodes = [
+            LocalRedis(self.state_dir / f"node{i}", cluster=True, cancel=cancel)
+            for i in range(1, masters + 1)
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start every server, create the cluster, and return its URL once every node serves."""
+        try:
+            for node in self.nodes:
+                node.launch()
+            for node in self.nodes:
+                node.wait_ready(timeout)
+            self._create(timeout)
+            wait_until(
+                lambda: all(_cluster_ok(node.url) for node in self.nodes),
+                what=f"Redis Cluster at {self.url}",
+                timeout=timeout,
+                cancel=self.cancel,
+                interval=0.05,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def _create(self, timeout: float) -> None:
+        """`redis-cli --cluster create`: the slots split evenly over the masters."""
+        cli = find_program("redis-cli")
+        if cli is None:
+            raise MissingProgramError(REDIS_HINT)
+        addresses = [f"{LOOPBACK}:{node.port}" for node in self.nodes]
+        argv = [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if result.returncode != 0:
+            output = (result.stdout + result.stderr).strip()
+            raise ServiceError(f"creating the Redis Cluster failed:\n{output}")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _cluster_ok(url: str) -> bool:
+    """True once the server at `url` says its cluster serves every slot."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        info = client.cluster("INFO")
+        return bool(info.get("cluster_state") == "ok")
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()

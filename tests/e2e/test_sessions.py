@@ -63,8 +63,9 @@ class Stored:
         return present == b"1" and connected == b"1"
 
     async def will_dropped(self, node_id: str, client_id: str) -> bool:
-        """The will of ``client_id``'s connection on ``node_id`` is no longer stored."""
-        listed = await self.redis.sismember(f"{self.prefix}{{{node_id}}}:wills", client_id)
+        """The will of ``client_id``'s connection on ``node_id`` is no longer stored, nor the
+        session listed as the node's."""
+        listed = await self.redis.hexists(f"{self.prefix}{{{node_id}}}:owned", client_id)
         kept = await self.redis.hexists(self._session(client_id), "will")
         return not listed and not kept
 

@@ -1,14 +1,16 @@
-"""The SessionStore contract, run against every backend: in memory and Redis (a real server).
+"""The SessionStore contract, run against every backend: in memory, Redis and Redis Cluster
+(real servers).
 
 One suite, parametrized over the backends by the ``store`` fixture, states what the session
 manager may rely on whichever store it is given: ownership by lease, fencing by token, state kept
-across connections, QoS 2 marks.  Liveness is the one input the backends take differently: a
-Redis owner is busy only while its node's ``alive`` key exists, which ``make_alive`` sets (a
-no-op in memory, where every owner is live).
+across connections, QoS 2 marks, batched saves, node checkpoints.  Liveness is the one input the
+backends take differently: a Redis owner is busy only while its node's ``alive`` key exists,
+which ``make_alive`` sets (a no-op in memory, where every owner is live).
 
 What differs by design is tested apart, on Redis only, below the contract: an owner whose node
-is dead does not hold its session, and a will kept there is handed to the next owner.  The
-memory store has neither: one process dies with its sessions and their wills.
+is dead does not hold its session, a will kept there is handed to the next owner, and a dead
+node's sessions are swept.  The memory store has none of it: one process dies with its sessions
+and their wills.  Expiry is in ``test_session_expiry``.
 
 The QoS 2 marks (``mark_received``/``unmark_received``) are the record of which inbound packet
 ids await PUBREL: ``acquire`` returns them as ``awaiting_rel``, whatever a save or release carried.
@@ -16,14 +18,15 @@ ids await PUBREL: ``acquire`` returns them as ``awaiting_rel``, whatever a save 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import pytest
-import redis.asyncio as aioredis
 
 from frontend.mqtt.session import StoredOutbound, StoredSession
 from frontend.sessions.redis import RedisSessionStore
 from frontend.sessions.store import Acquired, Busy, Lease, MemorySessionStore, SessionStore
+from tests.integration.conftest import REDIS_KINDS, OpenRedis, keys_under
 
 MakeAlive = Callable[[str], Awaitable[None]]
 CLIENT = "client-1"
@@ -59,29 +62,19 @@ async def saved_with_marks(store: SessionStore, lease: Lease, state: StoredSessi
         await store.mark_received(lease, packet_id)
 
 
-async def _delete_keys(client: aioredis.Redis, prefix: str) -> None:
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
-
-
-@pytest.fixture
-async def redis_store(redis_url: str, redis_prefix: str) -> AsyncIterator[RedisSessionStore]:
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        yield RedisSessionStore(client, redis_prefix)
-    finally:
-        await _delete_keys(client, redis_prefix)
-        await client.aclose()
-
-
-@pytest.fixture(params=["memory", "redis"])
-def store(request: pytest.FixtureRequest) -> SessionStore:
-    """Each backend in turn (Redis is started only for its own runs)."""
+@pytest.fixture(params=["memory", *REDIS_KINDS])
+def store(request: pytest.FixtureRequest, open_redis: OpenRedis, redis_prefix: str) -> SessionStore:
+    """Each backend in turn (a Redis is started only for its own runs)."""
     if request.param == "memory":
         return MemorySessionStore()
-    backend: RedisSessionStore = request.getfixturevalue("redis_store")
-    return backend
+    return RedisSessionStore(open_redis(request.param), redis_prefix)
+
+
+@pytest.fixture(params=REDIS_KINDS)
+def redis_store(
+    request: pytest.FixtureRequest, open_redis: OpenRedis, redis_prefix: str
+) -> RedisSessionStore:
+    return RedisSessionStore(open_redis(request.param), redis_prefix)
 
 
 @pytest.fixture
@@ -202,6 +195,57 @@ async def test_a_stale_lease_writes_nothing(store: SessionStore, make_alive: Mak
     assert (await acquired(store, "node-c", force=True)).state == stored()
 
 
+async def test_a_released_lease_writes_nothing(store: SessionStore) -> None:
+    first = await acquired(store, "node-a")
+    await store.release(first.lease, stored(awaiting_rel=()))
+    assert not await store.save(first.lease, stored(awaiting_rel=(), last_id=1))
+    await store.mark_received(first.lease, 99)
+    await store.release(first.lease, None)  # let go already: forgets nothing
+    assert (await acquired(store, "node-b")).state == stored(awaiting_rel=())
+
+
+async def test_live_on_and_live_since_are_kept(store: SessionStore) -> None:
+    live = replace(stored(), live_on="node-a", live_since=41)
+    first = await acquired(store, "node-a")
+    await saved_with_marks(store, first.lease, live)
+    taken = await acquired(store, "node-b", force=True)
+    assert taken.state == live
+    settled = replace(live, live_on="", live_since=0)
+    await store.release(taken.lease, settled)
+    assert (await acquired(store, "node-c")).state == settled
+
+
+async def test_save_many_stores_every_current_session_and_no_stale_one(
+    store: SessionStore,
+) -> None:
+    one = await store.acquire("client-a", "node-a", False)
+    stale = await store.acquire("client-b", "node-a", False)
+    three = await store.acquire("client-c", "node-a", False)
+    assert isinstance(one, Acquired) and isinstance(stale, Acquired) and isinstance(three, Acquired)
+    assert isinstance(await store.acquire("client-b", "node-b", False, force=True), Acquired)
+    saves = [
+        (one.lease, stored(awaiting_rel=(), last_id=1)),
+        (stale.lease, stored(awaiting_rel=(), last_id=2)),
+        (three.lease, stored(awaiting_rel=(), last_id=3)),
+    ]
+    assert await store.save_many(saves) == [True, False, True]
+    assert await store.save_many([]) == []
+    for client_id, expected in [("client-a", 1), ("client-b", None), ("client-c", 3)]:
+        taken = await store.acquire(client_id, "node-c", False, force=True)
+        assert isinstance(taken, Acquired)
+        assert (taken.state.last_id if taken.state else None) == expected
+
+
+async def test_a_checkpoint_is_replaced_whole_by_a_later_one_only(store: SessionStore) -> None:
+    assert await store.read_checkpoint("node-a") == (0, {})
+    await store.checkpoint("node-a", 5, {0: 10, 3: 42})
+    await store.checkpoint("node-a", 4, {0: 1})  # an older one, arriving late
+    assert await store.read_checkpoint("node-a") == (5, {0: 10, 3: 42})
+    await store.checkpoint("node-a", 6, {1: 7})
+    assert await store.read_checkpoint("node-a") == (6, {1: 7})
+    assert await store.read_checkpoint("node-b") == (0, {})
+
+
 async def test_client_ids_are_independent(store: SessionStore, make_alive: MakeAlive) -> None:
     await make_alive("node-a")
     first = await acquired(store, "node-a")
@@ -240,7 +284,7 @@ async def test_redis_release_drops_the_will(redis_store: RedisSessionStore) -> N
     await redis_store.keep_will(first.lease, b"will")
     await redis_store.release(first.lease, stored())
     assert (await acquired(redis_store, "node-b")).orphaned_will is None
-    assert await redis_store.claim_wills("node-a", only_if_dead=True) == []
+    assert await redis_store.sweep_node("node-a") == []
 
 
 async def test_redis_a_stale_lease_keeps_no_will(redis_store: RedisSessionStore) -> None:
@@ -248,7 +292,52 @@ async def test_redis_a_stale_lease_keeps_no_will(redis_store: RedisSessionStore)
     await acquired(redis_store, "node-b", force=True)
     await redis_store.keep_will(stale, b"old will")
     assert (await acquired(redis_store, "node-c", force=True)).orphaned_will is None
-    assert await redis_store.claim_wills("node-a", only_if_dead=True) == []
+    assert await redis_store.sweep_node("node-a") == []
+
+
+async def test_redis_a_dead_nodes_sweep_takes_its_wills_and_parks_its_sessions(
+    redis_store: RedisSessionStore,
+) -> None:
+    kept = await acquired(redis_store, "node-a")  # node-a never heartbeats: dead
+    await saved_with_marks(redis_store, kept.lease, stored())
+    await redis_store.keep_will(kept.lease, b"kept's will")
+    ended = await redis_store.acquire("clean-1", "node-a", True)
+    assert isinstance(ended, Acquired)
+    await redis_store.keep_will(ended.lease, b"clean's will")
+
+    wills = await redis_store.sweep_node("node-a")
+    assert sorted(wills) == [b"clean's will", b"kept's will"]
+    assert await redis_store.sweep_node("node-a") == []  # taken once
+    assert not await redis_store.save(kept.lease, stored())  # the dead node's lease is spent
+    assert not await redis_store.save(ended.lease, stored())
+    again = await acquired(redis_store, "node-b")  # parked: free, its will already taken
+    assert (again.state, again.orphaned_will) == (stored(), None)
+    await redis_store.release(again.lease, None)
+    assert await keys_under(redis_store.redis, redis_store.prefix) == []  # the clean one ended
+
+
+async def test_redis_a_live_node_is_not_swept_but_its_own_restart_is(
+    redis_store: RedisSessionStore,
+) -> None:
+    await redis_store.heartbeat("node-a")
+    first = await acquired(redis_store, "node-a")
+    await redis_store.keep_will(first.lease, b"will")
+    assert await redis_store.nodes() == ["node-a"]
+    assert await redis_store.sweep_node("node-a") == []  # alive
+    # node-a restarted under its id: what its previous process left is swept, alive or not
+    assert await redis_store.sweep_node("node-a", only_if_dead=False) == [b"will"]
+    await redis_store.redis.delete(redis_store.alive_key("node-a"))
+    assert await redis_store.sweep_node("node-a") == []
+    assert await redis_store.nodes() == []  # nothing left to sweep: no longer listed
+
+
+async def test_redis_letting_go_leaves_no_node_entry(redis_store: RedisSessionStore) -> None:
+    first = await acquired(redis_store, "node-a")
+    await redis_store.release(first.lease, None)
+    taken = await acquired(redis_store, "node-a")
+    await acquired(redis_store, "node-b", force=True)
+    await redis_store.release(taken.lease, None)  # a lease lost to node-b: its entry goes too
+    assert await keys_under(redis_store.redis, f"{redis_store.prefix}{{node-a}}") == []
 
 
 async def test_the_marks_not_the_saved_list_say_what_awaits_pubrel(store: SessionStore) -> None:
