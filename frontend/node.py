@@ -42,6 +42,11 @@ from router.record import wall_clock_stamps
 
 log = logging.getLogger("headwater.node")
 
+LISTEN_BACKLOG = 4096
+"""Connections the kernel holds for the node before it accepts them (asyncio's default, 100,
+overflows in a reconnect storm, and each dropped SYN is retried only a second later); Linux caps
+it at ``net.core.somaxconn``."""
+
 REDIS_WAIT = 10.0
 """Seconds a request waits for a free Redis connection before it counts as Redis unavailable."""
 
@@ -107,6 +112,7 @@ class Node:
             self.config.host,
             self.config.port,
             reuse_address=True,
+            backlog=LISTEN_BACKLOG,
         )
         sock = self._server.sockets[0].getsockname()
         self.config.port = sock[1]

@@ -8,7 +8,7 @@ when                   what failed                                 what the clie
 =====================  ==========================================  =================================
 CONNECT                Kafka marked unavailable; Redis error       CONNACK 3, then close
                        acquiring the session or keeping the will,
-                       or no turn to open it within 30 s
+                       or no turn to open it within 120 s
 PUBLISH QoS 1/2        Kafka refused or lost the record            no PUBACK/PUBREC; close (the
                                                                    client resends on reconnect)
 PUBLISH retained,      Redis error storing the retained message    no PUBACK/PUBREC; close

@@ -204,6 +204,8 @@ async def test_a_dead_nodes_sessions_expire_after_its_sweep(
     await survivor.sweep_dead_nodes()
     assert nodes.wills == [b"orphan's will"]
     assert await redis_store.redis.pttl(redis_store._keys("orphan")[0]) > 0
+    marker = redis_store._keys("orphan")[2]
+    await eventually(lambda: missing(redis_store, marker), what="the marker to expire", timeout=15)
     await eventually(lambda: redis_store.expired == 1, what="the orphan's expiry", timeout=15)
     assert await gone(redis_store, "orphan")
     assert await redis_store.nodes() == ["survivor"]  # the dead node is no longer listed
