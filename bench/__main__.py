@@ -1,5 +1,8 @@
 """``python -m bench``: run the chosen scenarios against the chosen brokers.
 
+The fleet-scale scenarios (``scale``: :mod:`bench.scale`) run last, on brokers of their own, and
+add their section to the report.
+
 Every broker is started first (Kafka, a 1-node Headwater, a 3-node Headwater, mosquitto, amqtt:
 those the scenarios need); then each scenario runs against each broker in turn, one run at a time,
 the idle brokers waiting.  Interleaving runs this way spreads any change in the machine's load
@@ -12,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import shlex
-import signal
 import sys
 import tempfile
 import uuid
@@ -20,7 +22,6 @@ from contextlib import ExitStack
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
-from types import FrameType
 
 import confluent_kafka
 
@@ -39,7 +40,13 @@ from bench.brokers import (
     start_mosquitto,
 )
 from bench.cpu import settle
+from bench.jobs import install_signal_handlers
 from bench.report import Environment, load_average, render
+from bench.scale import quick as quick_scale
+from bench.scale import run_in as run_scale_in
+from bench.scale_report import BROKERS as SCALE_BROKERS
+from bench.scale_report import ScaleSettings, write_section
+from bench.scale_report import render as render_scale
 from bench.scenarios import (
     ROUTING_NODES,
     ROUTING_PARTITIONS,
@@ -52,6 +59,7 @@ from headwater.errors import HeadwaterError
 
 BROKERS = ("headwater", "mosquitto", "amqtt")
 OTHER_BROKERS = ("mosquitto", "amqtt")
+SCALE = "scale"
 SETTLED_CPU = 0.15
 """Before a run, every broker's processes together use less than this share of a core."""
 DEFAULT_OUTPUT = Path("docs/benchmarks.md")
@@ -71,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scenarios",
         default="all",
-        help="comma-separated keys, or all / single / cluster [all]: " + ", ".join(SCENARIOS),
+        help="comma-separated keys, or all / single / cluster [all]: "
+        + ", ".join([*SCENARIOS, SCALE])
+        + f" ({SCALE}: bench.scale's fleet scenarios, smaller with --quick)",
     )
     p.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated [all three]")
     p.add_argument(
@@ -120,6 +130,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--work-dir", type=Path, help="logs and configs here (default: a temp dir)")
     return p
+
+
+def split_scale(spec: str) -> tuple[str, bool]:
+    """The scenarios spec without ``scale``, and whether the scale scenarios run (with "all")."""
+    if spec in ("all", "single", "cluster"):
+        return spec, spec == "all"
+    keys = [k.strip() for k in spec.split(",") if k.strip()]
+    return ",".join(k for k in keys if k != SCALE), SCALE in keys
+
+
+def run_scale(args: argparse.Namespace, brokers: list[str], work: Path, command: str) -> str:
+    """bench.scale's scenarios on the chosen brokers it knows; its markdown section."""
+    settings = ScaleSettings(
+        brokers=tuple(b for b in SCALE_BROKERS if b in brokers),
+        headwater_rev=args.headwater_rev,
+        kafka_warmup=KAFKA_WARMUP,
+    )
+    settings = quick_scale(settings) if args.quick else settings
+    progress("running bench.scale" + (" (quick)" if args.quick else ""))
+    return render_scale(run_scale_in(work / "scale", settings, command))
 
 
 def choose_scenarios(spec: str) -> list[str]:
@@ -320,19 +350,10 @@ def how_it_ran(settings: Settings) -> list[str]:
     ]
 
 
-def install_signal_handlers() -> None:
-    """SIGTERM, and SIGINT even where it was ignored (a background job), unwind the run."""
-
-    def interrupt(_sig: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    keys = choose_scenarios(args.scenarios)
+    spec, with_scale = split_scale(args.scenarios)
+    keys = choose_scenarios(spec) if spec else []
     brokers = choose_brokers(args.brokers)
     settings = settings_from(args)
     install_signal_handlers()
@@ -353,8 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile is not None:
             args.profile = args.profile.resolve()
         runner = Runner(args, settings, work)
+        section = ""
         try:
-            runner.run(keys, brokers)
+            if keys:
+                runner.run(keys, brokers)
+            if with_scale:
+                section = run_scale(args, brokers, work, command.strip())
         except KeyboardInterrupt:
             progress("interrupted: stopping everything that was started")
             return 130
@@ -365,12 +390,16 @@ def main(argv: list[str] | None = None) -> int:
             env.kafka = runner.kafka_version
             env.headwater = runner.headwater_version
     env.load_after = load_average()
-    text = render(runner.results, settings, env, how_it_ran(settings))
+    text = render(runner.results, settings, env, how_it_ran(settings)) if keys else ""
+    text = "\n".join(part for part in (text, section) if part)
     print(text)
     output = args.output or (None if args.quick else DEFAULT_OUTPUT)
     if output is not None and not args.no_write:
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
+        if keys:
+            output.write_text(text)
+        else:  # the scale section alone replaces its part of the report
+            write_section(output, section)
         progress(f"report written to {output}")
     return 0
 

@@ -305,7 +305,9 @@ def node_has_stats(source: Path | None) -> bool:
     """Whether ``python -m frontend`` (of ``source``) takes ``--stats-listen`` (``GET /stats``)."""
     if source is None:
         return any("--stats-listen" in a.option_strings for a in node_parser()._actions)
-    return "--stats-listen" in (source / "frontend" / "server.py").read_text()
+    where = ("config.py", "server.py")  # the flags moved from server.py to config.py
+    found = [source / "frontend" / name for name in where if (source / "frontend" / name).exists()]
+    return any("--stats-listen" in path.read_text() for path in found)
 
 
 def node_stats(port: int) -> dict[str, Any]:
