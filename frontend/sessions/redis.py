@@ -65,6 +65,7 @@ the will again.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any, cast
@@ -75,6 +76,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from frontend.mqtt.session import StoredOutbound, StoredSession
+from frontend.sessions.batching import Batch
 from frontend.sessions.store import DEFAULT_EXPIRY, Acquired, Busy, Lease
 
 RedisClient = aioredis.Redis | RedisCluster
@@ -284,7 +286,7 @@ def _decode_session(fields: dict[str, str], rel: list[str]) -> StoredSession | N
     )
 
 
-Call = tuple[list[str], list[str | int]]
+Call = tuple[list[str], Sequence[str | int | bytes]]
 """One script run: its keys and arguments."""
 
 
@@ -313,6 +315,16 @@ class RedisSessionStore:
         self._own = client.register_script(_OWN)
         self._disown = client.register_script(_DISOWN)
         self._checkpoint = client.register_script(_CHECKPOINT)
+        # What a CONNECT and a DISCONNECT ask, coalesced per loop iteration (a storm's cost).
+        self._listing: Batch[tuple[str, str], Any] = Batch(self._list_many)
+        self._acquiring: Batch[Call, Any] = Batch(functools.partial(self._run_each, self._acquire))
+        self._owning: Batch[Call, Any] = Batch(functools.partial(self._run_each, self._own))
+        self._releasing: Batch[Call, Any] = Batch(functools.partial(self._run_each, self._release))
+        self._disowning: Batch[Call, Any] = Batch(functools.partial(self._run_each, self._disown))
+        self._keeping_wills: Batch[Call, Any] = Batch(
+            functools.partial(self._run_each, self._keep_will)
+        )
+        self._saving: Batch[Call, Any] = Batch(functools.partial(self._run_each, self._save))
 
     # -- key names ----------------------------------------------------------------------------
 
@@ -410,11 +422,11 @@ class RedisSessionStore:
     ) -> Acquired | Busy:
         keys = self._keys(client_id)
         owned = self._node_key(node_id, "owned")
-        await self.redis.hset(owned, client_id, "0")  # findable before it is ours
+        await self._listing((owned, client_id))  # findable before it is ours
         dead_owners_token = ""
         while True:
             args: list[str | int] = [node_id, int(clean), int(force), dead_owners_token]
-            answer = await self._acquire(keys=keys, args=args)
+            answer = await self._acquiring((keys, args))
             if _text(answer[0]) == "ok":
                 break
             owner = _text(answer[1])
@@ -422,7 +434,7 @@ class RedisSessionStore:
                 return Busy(owner)
             dead_owners_token = _text(answer[2])  # take it only if it is still that owner's
         token = _text(answer[1])
-        await self._own(keys=[owned], args=[client_id, token])
+        await self._owning(([owned], [client_id, token]))
         if answer[5]:
             self.expired += 1
         flat = [_text(x) for x in answer[2]]  # read after the will was taken out: all text
@@ -431,11 +443,11 @@ class RedisSessionStore:
         return Acquired(Lease(client_id, node_id, int(token)), state, answer[4] or None)
 
     async def keep_will(self, lease: Lease, will: bytes) -> None:
-        await self._keep_will(keys=self._keys(lease.client_id), args=[lease.token, will])
+        await self._keeping_wills((self._keys(lease.client_id), [lease.token, will]))
 
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         keys = self._keys(lease.client_id)
-        return bool(await self._save(keys=keys, args=[lease.token, *_session_args(state)]))
+        return bool(await self._saving((keys, [lease.token, *_session_args(state)])))
 
     async def save_many(self, saves: Sequence[tuple[Lease, StoredSession]]) -> list[bool]:
         calls = [
@@ -449,9 +461,9 @@ class RedisSessionStore:
         args: list[str | int] = [lease.token, self._expiry_ms, self._grace_ms, int(keep)]
         if state is not None:
             args += _session_args(state)
-        await self._release(keys=self._keys(lease.client_id), args=args)
+        await self._releasing((self._keys(lease.client_id), args))
         owned = self._node_key(lease.node_id, "owned")
-        await self._disown(keys=[owned], args=[lease.client_id, lease.token])
+        await self._disowning(([owned], [lease.client_id, lease.token]))
 
     async def checkpoint(self, node_id: str, seq: int, positions: dict[int, int]) -> None:
         args: list[str | int] = [seq, self._checkpoint_ms]
@@ -474,9 +486,18 @@ class RedisSessionStore:
     # -- pipelines ----------------------------------------------------------------------------
 
     async def _run_many(self, script: AsyncScript, calls: Sequence[Call]) -> list[Any]:
-        """Run ``script`` once per call, in one pipeline (one round trip per Redis server).
-        The cluster pipeline sends EVALSHA without loading a missing script, so one that a
-        server lost (a restart) is loaded and the calls that missed it run again."""
+        """Run ``script`` once per call, in one pipeline; raises the first error."""
+        results = await self._run_each(script, calls)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results
+
+    async def _run_each(self, script: AsyncScript, calls: Sequence[Call]) -> list[Any]:
+        """Run ``script`` once per call, in one pipeline (one round trip per Redis server);
+        per call, its answer or its error.  The cluster pipeline sends EVALSHA without loading
+        a missing script, so one that a server lost (a restart) is loaded and the calls that
+        missed it run again."""
         results = await self._pipelined(script, calls)
         missed = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
         if missed:
@@ -484,10 +505,18 @@ class RedisSessionStore:
             again = await self._pipelined(script, [calls[i] for i in missed])
             for i, result in zip(missed, again, strict=True):
                 results[i] = result
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
         return results
+
+    async def _list_many(self, calls: list[tuple[str, str]]) -> list[Any]:
+        """List sessions under their nodes (``P{node}:owned``), one HSET per node."""
+        by_key: dict[str, dict[str, str]] = {}
+        for key, client_id in calls:
+            by_key.setdefault(key, {})[client_id] = "0"
+        pipe = self.redis.pipeline(transaction=False)
+        for key, fields in by_key.items():
+            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+        await pipe.execute()
+        return [True] * len(calls)
 
     async def _pipelined(self, script: AsyncScript, calls: Sequence[Call]) -> list[Any]:
         if not calls:
