@@ -103,13 +103,14 @@ def _who(channel: ch.Channel, transport: asyncio.Transport | None) -> str:
     return f"{channel.client_id or '-'} ({f'{peer[0]}:{peer[1]}' if peer else '?'})"
 
 
-class _Input:
-    """Packets in: decoded from the socket and held, in order, until handled."""
+class _Input(Decoder):
+    """Packets in: decoded from the socket and held, in order, until handled (the decoder
+    itself, so that a connection has one object for it, not two)."""
 
-    __slots__ = ("decoder", "held", "last_seen", "opened", "paused")
+    __slots__ = ("held", "last_seen", "opened", "paused")
 
     def __init__(self, max_packet_size: int, now: float) -> None:
-        self.decoder = Decoder(max_packet_size)
+        super().__init__(max_packet_size)
         self.held: list[Packet] | None = None
         """Decoded, not handled yet, in order (None when there are none)."""
         self.opened = self.last_seen = now
@@ -117,10 +118,10 @@ class _Input:
         clock)."""
         self.paused = False
 
-    def feed(self, data: bytes, now: float) -> None:
+    def take(self, data: bytes, now: float) -> None:
         """Hold the packets ``data`` completes; raises :class:`ProtocolError`."""
         self.last_seen = now
-        packets = self.decoder.feed(data)
+        packets = self.feed(data)
         if self.held is None:
             self.held = packets
         else:
@@ -175,7 +176,7 @@ class MqttConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            self._input.feed(data, self._loop.time())
+            self._input.take(data, self._loop.time())
         except ProtocolError as error:
             self._fail(error)
             return
@@ -272,7 +273,7 @@ class MqttConnection(asyncio.Protocol):
             del held[:done]
             if not held:
                 self._input.held = None
-        fault = self._input.decoder.error
+        fault = self._input.error
         if not held and not self._busy and fault is not None:
             self._fail(fault)  # after the packets that came before it
             return

@@ -21,10 +21,16 @@ subscription is stored under its real filter, with the caller's choice of key.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Hashable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+
+
+_NO_CHILDREN: Mapping[str, Any] = MappingProxyType({})
+"""What a leaf's ``children`` are: one shared, read-only empty mapping (a fleet's filters end in
+a leaf each, and an empty dict takes 64 bytes)."""
 
 
 class _Node(Generic[K]):
@@ -33,7 +39,7 @@ class _Node(Generic[K]):
     __slots__ = ("children", "hash", "plus", "subs")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node[K]] = {}
+        self.children: Mapping[str, _Node[K]] = _NO_CHILDREN
         self.plus: _Node[K] | None = None
         self.hash: dict[K, int] | None = None
         self.subs: dict[K, int] | None = None
@@ -51,14 +57,19 @@ class _Node(Generic[K]):
             if level == "+":
                 self.plus = node
             else:
-                self.children[level] = node
+                children = self.children if isinstance(self.children, dict) else {}
+                children[level] = node
+                self.children = children
         return node
 
     def drop_child(self, level: str) -> None:
         if level == "+":
             self.plus = None
         else:
+            assert isinstance(self.children, dict)
             del self.children[level]
+            if not self.children:
+                self.children = _NO_CHILDREN
 
 
 class SubscriptionTrie(Generic[K]):

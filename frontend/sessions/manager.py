@@ -1,11 +1,13 @@
 """The session manager: one owner for a session's whole life on this node.
 
-A session's life: **acquire** (own the client id's session in the store, taking it over from its
-current connection on this node or another [MQTT-3.1.4-2]; a previous connection that died with
-its node has its will published first [MQTT-3.1.2-8]), **restore** (the stored in-flight window
-and QoS 2 state), **resume** (subscribe again and catch up from the log from the stored
-positions, see ``router.dispatch``), **save** (what changed, batched), and **release** (store
-what lasts, or forget a clean session) when the connection ends.
+A session's life: **admit** (at most ``OPENING_AT_ONCE`` sessions are acquired at once; a storm
+of CONNECTs waits its turn), **acquire** (own the client id's session in the store, taking it
+over from its current connection on this node or another [MQTT-3.1.4-2]; a previous connection
+that died with its node has its will published first [MQTT-3.1.2-8]), **restore** (the stored
+in-flight window and QoS 2 state), **resume** (subscribe again and catch up from the log from the
+stored positions, see ``router.backlog``), **save** (what changed, in batches, and the node's
+checkpoint: ``frontend.sessions.saver``), and **release** (store what lasts, or forget a clean
+session) when the connection ends.  Wills are in ``frontend.sessions.wills``.
 
 Invariants: a session is owned by at most one connection in the cluster, fenced by its lease;
 every write to the store carries the lease; until a returning session's subscriptions are

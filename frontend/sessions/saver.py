@@ -1,23 +1,24 @@
 """Keeping the sessions this node owns in the store: saves, releases and the node's checkpoint.
 
-Cost follows activity.  An idle session is never written: every ``SAVE_INTERVAL`` the manager
-looks only at the persistent sessions that were given a message since (``Dispatcher.touched``)
-or still hold one, saves those whose in-flight window changed in one batch (``save_many``),
-and drops the ones that have settled.  Subscriptions are stored before their SUBACK, QoS 2 marks
-before their PUBREC.
+Cost follows activity.  An idle session is never written: every ``SAVE_INTERVAL`` the saver looks
+only at the persistent sessions that were given a message since (``Dispatcher.touched``) or still
+hold one, saves those whose in-flight window changed in one batch (``save_many``), and drops the
+ones that have settled.  Subscriptions are stored before their SUBACK (``save``), QoS 2 marks
+before their PUBREC (the session manager).
 
-**Delivery positions are checkpointed per node, not per session.**  A live session's position
-in a partition is where the node's live stream is (``Subscriptions.dispatched``), unless it holds
-a message from further back (queued, in flight, or still to be read from the log while it
-catches up).  So each round the node writes one checkpoint: per partition, the lowest of its
-live stream and of what its active persistent sessions (and sessions whose release is not stored
-yet) still need.  That is one write per node per second whatever the number of sessions.  A
-session is stored with ``live_on`` (this node) and ``live_since`` (the number of the node's last
-checkpoint when it went live, and was counted in every checkpoint after).  Its stored positions
-are exact when released; if the node dies first, the next node takes, per partition, the later
-of the stored position and the dead node's checkpoint, if that was numbered after
-``live_since``: both are at or below what the session had been given, so nothing is lost and at
-most a second of messages comes twice (QoS 1/2 are at least once across a crash).
+**Delivery positions are checkpointed per node process, not per session.**  A live session's
+position in a partition is where the node's live stream is (``Subscriptions.dispatched``), unless
+it holds a message from further back (queued, in flight, or still to be read from the log while
+it is behind).  So each round the node writes one checkpoint: per partition, the lowest of its live
+stream and of what its active persistent sessions (and sessions whose release is not stored yet)
+still need.  That is one write per node per second whatever the number of sessions, and none
+while nothing moves.  A session is stored with ``live_on`` (this process's ``checkpoint_id``) and
+``live_since`` (the number of its last checkpoint when the session went live; the session is
+counted in every later one).  Its stored positions are exact when released; if the node dies
+first, the next node takes, per partition, the later of the stored position and the dead
+process's checkpoint, if that was numbered after ``live_since``: both are at or below what the
+session had been given, so nothing is lost and at most a second of messages comes twice (QoS 1/2
+are at least once across a crash).
 """
 
 from __future__ import annotations
