@@ -105,12 +105,15 @@ def _who(channel: ch.Channel, transport: asyncio.Transport | None) -> str:
 
 class _Input(Decoder):
     """Packets in: decoded from the socket and held, in order, until handled (the decoder
-    itself, so that a connection has one object for it, not two)."""
+    itself, so that a connection has one object for it, not two); and the deadline the client
+    must be heard from by, as the node's wheel sees it (``frontend.deadlines``)."""
 
-    __slots__ = ("held", "last_seen", "opened", "paused")
+    __slots__ = ("connection", "held", "last_seen", "opened", "paused", "slot")
 
-    def __init__(self, max_packet_size: int, now: float) -> None:
-        super().__init__(max_packet_size)
+    def __init__(self, connection: MqttConnection, now: float) -> None:
+        super().__init__(connection.services.max_packet_size)
+        self.connection = connection
+        self.slot: int | None = None
         self.held: list[Packet] | None = None
         """Decoded, not handled yet, in order (None when there are none)."""
         self.opened = self.last_seen = now
@@ -126,6 +129,23 @@ class _Input(Decoder):
             self.held = packets
         else:
             self.held += packets
+
+    def due(self) -> float | None:
+        """The CONNECT deadline, then 1.5 x keep-alive after the client was last heard from
+        [MQTT-3.1.2-24] (none with a keep-alive of 0)."""
+        channel = self.connection.channel
+        if channel.state is ch.State.CONNECTING:
+            return self.opened + self.connection.services.connect_timeout
+        if channel.state is ch.State.CONNECTED and channel.keep_alive > 0:
+            return self.last_seen + channel.keep_alive * 1.5
+        return None
+
+    def expire(self) -> None:
+        channel = self.connection.channel
+        if channel.state is ch.State.CONNECTING:
+            self.connection.run(channel.connection_lost("no CONNECT in time"))
+        elif channel.state is ch.State.CONNECTED:
+            self.connection.run(channel.keep_alive_expired())
 
     def press(self, transport: asyncio.Transport, pressed: bool) -> None:
         """Stop reading ``transport`` while ``pressed``, read again once not."""
@@ -161,7 +181,7 @@ class MqttConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._busy = False
         self._output = _Output(self._loop)
-        self._input = _Input(services.max_packet_size, self._loop.time())
+        self._input = _Input(self, self._loop.time())
         self._closed = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -172,7 +192,7 @@ class MqttConnection(asyncio.Protocol):
         # asyncio's default 64 KiB would count one large message as a backed-up client.
         self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self.services.connections.add(self)
-        self.services.deadlines.watch(self)
+        self.services.deadlines.watch(self._input)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -186,7 +206,7 @@ class MqttConnection(asyncio.Protocol):
         reason = f"socket error: {exc}" if exc else "connection closed by the client"
         self.run(self.channel.connection_lost(reason))
         self._closed = True
-        self.services.deadlines.forget(self)
+        self.services.deadlines.forget(self._input)
         self.services.connections.discard(self)
         if self.owned is not None:
             deferred = self.publishing.take_deferred() if self.publishing else []
@@ -227,24 +247,6 @@ class MqttConnection(asyncio.Protocol):
 
     def stream_failed(self, error: BaseException) -> None:
         self.run(outages.catch_up_failed(self.channel, error))
-
-    # -- the deadline wheel's view --------------------------------------------------------------
-
-    def due(self) -> float | None:
-        """The CONNECT deadline, then 1.5 x keep-alive after the client was last heard from
-        [MQTT-3.1.2-24] (none with a keep-alive of 0)."""
-        state = self.channel.state
-        if state is ch.State.CONNECTING:
-            return self._input.opened + self.services.connect_timeout
-        if state is ch.State.CONNECTED and self.channel.keep_alive > 0:
-            return self._input.last_seen + self.channel.keep_alive * 1.5
-        return None
-
-    def expire(self) -> None:
-        if self.channel.state is ch.State.CONNECTING:
-            self.run(self.channel.connection_lost("no CONNECT in time"))
-        elif self.channel.state is ch.State.CONNECTED:
-            self.run(self.channel.keep_alive_expired())
 
     def shutdown(self) -> None:
         self.run(self.channel.connection_lost("server shutting down"))
@@ -355,7 +357,7 @@ class MqttConnection(asyncio.Protocol):
             return
         self.owned, present = opened
         self.run(self.channel.session_opened(self.owned.session, present))
-        services.deadlines.watch(self)  # the keep-alive from now on
+        services.deadlines.watch(self._input)  # the keep-alive from now on
 
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
         assert self.owned is not None

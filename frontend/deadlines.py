@@ -5,8 +5,9 @@ A connection must send its CONNECT within the connect timeout, and then somethin
 wheel of one-second slots: a connection is filed under the second its deadline falls in, and one
 timer, armed only while something is filed, visits the slot that is due.  A visited connection
 says when it is due now (it may have been heard from since it was filed): past that, it expires;
-otherwise it is filed again under its new deadline.  So a connection costs a set entry, and a
-visit once per keep-alive period, never work per packet.
+otherwise it is filed again under its new deadline.  So a connection costs a set entry (the
+slot it is filed under is kept on it), and a visit once per keep-alive period, never work per
+packet.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ TICK = 1.0
 
 
 class Expiring(Protocol):
+    slot: int | None
+    """The slot it is filed under (None: not filed); the wheel's to set."""
+
     def due(self) -> float | None:
         """When this expires, on the loop's clock, as far as is known now (None: never)."""
 
@@ -32,13 +36,9 @@ class Deadlines:
 
     def __init__(self) -> None:
         self._slots: dict[int, set[Expiring]] = {}
-        self._filed: dict[Expiring, int] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._armed_for = 0
         """The slot the timer visits."""
-
-    def __len__(self) -> int:
-        return len(self._filed)
 
     def watch(self, item: Expiring) -> None:
         """File ``item`` under its deadline (again, if it moved); forget it if it has none."""
@@ -48,12 +48,12 @@ class Deadlines:
             return
         slot = math.ceil(due / TICK)
         self._slots.setdefault(slot, set()).add(item)
-        self._filed[item] = slot
+        item.slot = slot
         if self._timer is None or slot < self._armed_for:
             self._arm()
 
     def forget(self, item: Expiring) -> None:
-        slot = self._filed.pop(item, None)
+        slot, item.slot = item.slot, None
         if slot is not None:
             filed = self._slots[slot]
             filed.discard(item)
@@ -72,7 +72,7 @@ class Deadlines:
         current = math.floor(now / TICK)
         for slot in [s for s in self._slots if s <= current]:
             for item in self._slots.pop(slot):
-                del self._filed[item]
+                item.slot = None
                 due = item.due()
                 if due is not None and due <= now:
                     item.expire()
