@@ -30,6 +30,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 
 from frontend.mqtt.message import Message
 from router import record
+from router.batching import Batch
 from router.partitioner import Router
 from router.reader import LogReader
 from router.topics import MAX_RECORD_BYTES
@@ -93,6 +94,7 @@ class KafkaLog:
         self._running = False
         self._pump_handle: asyncio.Handle | None = None
         self._idle_looks = 0
+        self._ends: Batch[list[int], dict[int, int]] = Batch(self._ends_of_many)
         self._probing: asyncio.Future[None] | None = None
         self._reports: list[tuple[DeliveryCallback, int, int, str | None]] = []
         self._blocked: list[Callable[[], None]] = []
@@ -296,18 +298,23 @@ class KafkaLog:
     # -- where partitions begin and end ---------------------------------------------------------
 
     async def high_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Where each partition ends now: the offset the next record will get.
+        """Where each partition ends now: the offset the next record will get.  Asked of Kafka
+        once per loop iteration for every caller (a reconnect storm resubscribes thousands).
 
         Retried for a few seconds on retriable errors (no leader yet, a leader moving)."""
         wanted = sorted(partitions)
         for attempt in range(50):
             try:
-                return await self._list_offsets(wanted)
+                return await self._ends(wanted)
             except KafkaException as exc:
                 if not _transient(exc) or attempt == 49:
                     raise
             await asyncio.sleep(0.1)
         raise AssertionError("unreachable")
+
+    async def _ends_of_many(self, calls: list[list[int]]) -> list[dict[int, int] | BaseException]:
+        ends = await self._list_offsets(sorted(set().union(*calls)))
+        return [{p: ends[p] for p in call} for call in calls]
 
     async def low_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
         """Where each partition begins now: older records are gone (retention)."""

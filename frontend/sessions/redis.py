@@ -76,8 +76,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from frontend.mqtt.session import StoredOutbound, StoredSession
-from frontend.sessions.batching import Batch
 from frontend.sessions.store import DEFAULT_EXPIRY, Acquired, Busy, Lease
+from router.batching import Batch
 
 RedisClient = aioredis.Redis | RedisCluster
 """One Redis server (or a primary with replicas), or a Redis Cluster."""

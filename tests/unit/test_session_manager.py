@@ -205,7 +205,7 @@ async def test_an_idle_session_is_written_once_when_it_goes_live_then_never() ->
     assert store.writes == written and sessions.saver.active == 0
     # Its position moved with the traffic all the same: in the node's one checkpoint.
     node, _, positions = store.checkpoints[-1]
-    assert node == STAMPS.origin_node and positions[ROUTER.route("a/y")[0]] == 5
+    assert node == sessions.saver.checkpoint_id and positions[ROUTER.route("a/y")[0]] == 5
 
 
 async def test_the_session_of_a_dead_node_resumes_from_that_nodes_checkpoint(

@@ -1,13 +1,14 @@
-"""Calls made during one turn of the event loop, sent to Redis together.
+"""Calls made during one turn of the event loop, sent together.
 
-A storm of CONNECTs makes hundreds of connections ask Redis the same kind of thing at once: list
-the session under the node, acquire it, record its token; and as they leave, release and unlist.
-One command each costs a pooled connection, a timeout and a round trip in redis-py, which is most
-of a CONNECT's cost.  A :class:`Batch` collects the calls of one loop iteration and sends them as
-one pipeline (one round trip per Redis server), then hands each caller its own answer or its own
-error.  One batch of a kind is in flight at a time: calls made meanwhile wait for it and go in the
-next, so batches grow with the load (as Nagle's algorithm does), and a quiet node sends each call
-at once.
+A storm of CONNECTs makes hundreds of connections ask the same kind of thing at once: of Redis,
+list the session under the node, acquire it, record its token, and as they leave, release and
+unlist it (``frontend.sessions.redis``); of Kafka, where the partitions of their subscriptions end
+(``router.log``).  One request each costs, in redis-py, a pooled connection, a timeout and a round
+trip, which was most of a CONNECT's cost.  A :class:`Batch` collects the calls of one loop
+iteration and sends them as one request (a pipeline, one ListOffsets), then hands each caller its
+own answer or its own error.  One batch of a kind is in flight at a time: calls made meanwhile
+wait for it and go in the next, so batches grow with the load (as Nagle's algorithm does), and a
+quiet node sends each call at once.
 """
 
 from __future__ import annotations
