@@ -94,7 +94,7 @@ class KafkaLog:
         self._running = False
         self._pump_handle: asyncio.Handle | None = None
         self._idle_looks = 0
-        self._ends: Batch[list[int], dict[int, int]] = Batch(self._ends_of_many)
+        self.watermarks = Watermarks(settings.topic)
         self._probing: asyncio.Future[None] | None = None
         self._reports: list[tuple[DeliveryCallback, int, int, str | None]] = []
         self._blocked: list[Callable[[], None]] = []
@@ -126,7 +126,7 @@ class KafkaLog:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._admin = AdminClient(self._common())
+        self._admin = self.watermarks.admin = AdminClient(self._common())
         await self._loop.run_in_executor(None, self._check_topic)
         self._producer = Producer({
             **self._common(),
@@ -179,7 +179,7 @@ class KafkaLog:
             await loop.run_in_executor(None, self._producer.flush, flush_timeout)
         await self.reader.stop()
         self._producer = None  # let librdkafka's threads and sockets go now, not at a GC pass
-        self._admin = None
+        self._admin = self.watermarks.admin = None
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
@@ -298,10 +298,25 @@ class KafkaLog:
     # -- where partitions begin and end ---------------------------------------------------------
 
     async def high_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Where each partition ends now: the offset the next record will get.  Asked of Kafka
-        once per loop iteration for every caller (a reconnect storm resubscribes thousands).
+        """Where each partition ends now: the offset the next record will get."""
+        return await self.watermarks.high(partitions)
 
-        Retried for a few seconds on retriable errors (no leader yet, a leader moving)."""
+    async def low_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Where each partition begins now: older records are gone (retention)."""
+        return await self.watermarks.low(partitions)
+
+
+class Watermarks:
+    """Where the log's partitions begin and end, asked of Kafka's admin client.  The ends are
+    asked once per loop iteration for every caller: a reconnect storm resubscribes thousands."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.admin: AdminClient | None = None
+        self._ends: Batch[list[int], dict[int, int]] = Batch(self._ends_of_many)
+
+    async def high(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Retried for a few seconds on retriable errors (no leader yet, a leader moving)."""
         wanted = sorted(partitions)
         for attempt in range(50):
             try:
@@ -313,21 +328,19 @@ class KafkaLog:
         raise AssertionError("unreachable")
 
     async def _ends_of_many(self, calls: list[list[int]]) -> list[dict[int, int] | BaseException]:
-        ends = await self._list_offsets(sorted(set().union(*calls)))
+        ends = await self._list(sorted(set().union(*calls)))
         return [{p: ends[p] for p in call} for call in calls]
 
-    async def low_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Where each partition begins now: older records are gone (retention)."""
-        return await self._list_offsets(sorted(partitions), earliest=True)
+    async def low(self, partitions: Iterable[int]) -> dict[int, int]:
+        return await self._list(sorted(partitions), earliest=True)
 
-    async def _list_offsets(self, partitions: list[int], earliest: bool = False) -> dict[int, int]:
-        assert self._admin is not None
+    async def _list(self, partitions: list[int], earliest: bool = False) -> dict[int, int]:
+        assert self.admin is not None, "the log is not started"
         if not partitions:
             return {}
-        topic = self.settings.topic
         spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        futures = self._admin.list_offsets(
-            {TopicPartition(topic, p): spec for p in partitions}, request_timeout=10
+        futures = self.admin.list_offsets(
+            {TopicPartition(self.topic, p): spec for p in partitions}, request_timeout=10
         )
         result: dict[int, int] = {}
         for tp, future in futures.items():
