@@ -24,7 +24,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from frontend.mqtt import topics
 from frontend.mqtt.session import Outbound
 from router.delivery import Client, Counters, delivery_qos, template_for
 from router.log import KafkaLog
@@ -50,6 +49,8 @@ class Backlog:
         self._deliver = deliver
         self.clients: set[Client] = set()
         """The clients behind now."""
+        self._matched_record: Record | None = None
+        self._matched: dict[str, int] = {}
 
     @staticmethod
     def needed(client: Client, positions: dict[int, int]) -> None:
@@ -131,9 +132,9 @@ class Backlog:
         """Hand ``client`` the QoS 1/2 records of ``ranges`` matching its plain subscriptions,
         while its queue has room; the number handed over."""
         session = client.session
+        client_id = session.client_id
         behind = client.behind
         assert behind is not None
-        filters = {f: q for f, q in session.subscriptions.items() if not topics.parse_shared(f)}
         resent = {(o.partition, o.offset) for o in session.inflight.values()}
         delivered = 0
 
@@ -141,9 +142,7 @@ class Backlog:
             nonlocal delivered
             if (rec.partition, rec.offset) in resent:
                 return True
-            topic = rec.message.topic
-            granted = max((q for f, q in filters.items() if topics.matches(f, topic)), default=0)
-            qos = delivery_qos(granted, rec.message.qos)
+            qos = delivery_qos(self._granted(rec).get(client_id, 0), rec.message.qos)
             if qos:
                 if not session.has_room():
                     return False
@@ -158,6 +157,15 @@ class Backlog:
 
         await self.log.reader.replay(ranges, take, session.half_empty)
         return delivered
+
+    def _granted(self, rec: Record) -> dict[str, int]:
+        """Per client, the highest QoS its plain subscriptions grant ``rec``'s topic: one walk of
+        the index per record, shared by every session the catch-up offers it to (in a storm, a
+        record is offered to hundreds of them in a row)."""
+        if rec is not self._matched_record:
+            self._matched_record = rec
+            self._matched = self.subscriptions.granted(rec.message.topic)
+        return self._matched
 
     async def _skip_expired(self, client_id: str, ranges: dict[int, tuple[int, int]]) -> None:
         """Records retention already removed cannot be replayed: count them and go on."""

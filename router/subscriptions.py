@@ -141,6 +141,15 @@ class Subscriptions:
                 targets[key[0]] = qos
         return targets
 
+    def granted(self, topic: str) -> dict[str, int]:
+        """Per client, the highest QoS its plain subscriptions grant ``topic``, as the index
+        has them (pending or not; start offsets are the caller's to look at)."""
+        granted: dict[str, int] = {}
+        for (client_id, _), qos in self._trie.match(topic).items():
+            if qos > granted.get(client_id, -1):
+                granted[client_id] = qos
+        return granted
+
     def stream_positions(self, session: Session) -> dict[int, int]:
         """Per partition of ``session``'s plain subscriptions, the offset of the next record
         the live stream would give it: after what this node has dispatched, and never before a

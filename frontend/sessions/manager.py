@@ -17,9 +17,11 @@ registered again, what is saved for it is the stored positions it resumed from.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from frontend.cluster import FORCE_AFTER, Coordinator
 from frontend.mqtt.channel import Limits, will_message
@@ -39,8 +41,10 @@ from router.log import KafkaLog
 
 log = logging.getLogger("headwater.sessions")
 
+T = TypeVar("T")
+
 OPENING_AT_ONCE = 128
-"""Sessions acquired at once; a storm of CONNECTs beyond waits its turn, in arrival order."""
+"""Sessions asked of the store at once; a storm of CONNECTs beyond waits its turn, in order."""
 
 POLL_FIRST, POLL_MOST = 0.01, 0.1
 """Seconds between two looks at a session another node was asked to let go of: from 10 ms,
@@ -104,17 +108,11 @@ class SessionManager:
         self, client_id: str, clean: bool, will: Message | None
     ) -> tuple[Lease, StoredSession | None]:
         """Own ``client_id``'s session and read what was stored of it; store errors raise.
-        ``will`` is kept with the session, in case this node dies with the connection open.
-        At most ``OPENING_AT_ONCE`` run at once: a storm is absorbed, not refused."""
-        if self._opening.locked():
-            self.opening_waited += 1
-        async with asyncio.timeout(OPENING_WAIT):  # TimeoutError is an OSError: a store error
-            await self._opening.acquire()
+        ``will`` is kept with the session, in case this node dies with the connection open."""
         self._acquiring[client_id] = self._acquiring.get(client_id, 0) + 1
         try:
             return await self._acquire_and_read(client_id, clean, will)
         finally:
-            self._opening.release()
             self._acquiring[client_id] -= 1
             if not self._acquiring[client_id]:
                 del self._acquiring[client_id]
@@ -200,7 +198,8 @@ class SessionManager:
         force = False
         pause = POLL_FIRST
         while True:
-            answer = await self.store.acquire(client_id, self.node_id, clean, force)
+            ask = functools.partial(self.store.acquire, client_id, self.node_id, clean, force)
+            answer = await self._admitted(ask)
             if not isinstance(answer, Busy):
                 if answer.orphaned_will is not None:
                     self.wills.publish_orphaned([answer.orphaned_will])
@@ -217,6 +216,18 @@ class SessionManager:
             else:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, POLL_MOST)
+
+    async def _admitted(self, ask: Callable[[], Awaitable[T]]) -> T:
+        """``ask`` the store once at most ``OPENING_AT_ONCE`` others do: a storm is absorbed,
+        not refused.  A CONNECT waiting for another node to let go holds no turn."""
+        if self._opening.locked():
+            self.opening_waited += 1
+        async with asyncio.timeout(OPENING_WAIT):  # TimeoutError is an OSError: a store error
+            await self._opening.acquire()
+        try:
+            return await ask()
+        finally:
+            self._opening.release()
 
     async def _release_local(self, client_id: str) -> bool:
         """Close our own connection of ``client_id`` and wait until it let go; False if there
