@@ -1,10 +1,11 @@
 """The log is the queue: clients read from the log what they could not be given live.
 
-A client whose queue is full when a QoS 1/2 record comes for it is
-not given the record: it *falls behind*.  From then on live records are not queued for it
-(``Client.behind`` holds, per partition, the next offset it needs), and a catch-up task reads
-them back from the log in rounds, each from where the client is to where the live stream has got
-to (``Subscriptions.dispatched``), handing records over only while its queue has room.  When a
+A client whose queue is full when a QoS 1/2 record comes for it is not given the record: it
+*falls behind*.  From then on live records are not queued for it (``Client.behind`` holds, per
+partition, the next offset it needs), and a catch-up task reads them back from the log in
+rounds, each from where the client is to where the live stream has got to
+(``Subscriptions.dispatched``), through the node's one catch-up consumer (``router.catchup``),
+handing records over only while its queue has room.  When a
 round ends and the live stream has not moved past it, the client is live again, in the same step
 of the event loop: the next live record of each partition is the one after the round's end, so
 there is no gap and no duplicate at the switch.  ``--max-queued`` bounds memory, not delivery;
