@@ -6,7 +6,10 @@ id on the owner's inbox channel.  The owner closes that connection as a server-s
 will is published: the client did not send DISCONNECT), stores the session and lets go; the
 asking node polls until it can acquire.  If the owner does not let go within ``FORCE_AFTER``
 seconds (it is partitioned away or stuck), the session is taken by force: the fencing token moves
-on, so whatever the old owner writes later is refused.
+on, so whatever the old owner writes later is refused, and the taker tells the old owner's inbox
+(a NUL, the new token, a NUL, the client id: MQTT strings hold no NUL [MQTT-1.5.3-2]), so that
+when it runs again it closes a connection holding an older lease without the will, which the
+taker published.  An idle session is never saved again, so a refused save would not tell it.
 
 Liveness is a key per node with a short expiry, refreshed every second; a session owned by a
 node whose key has expired is free, so a crashed node never blocks its clients' return.  Every
@@ -56,10 +59,12 @@ class Coordinator:
         node_id: str,
         on_request: Callable[[str], None],
         on_wills: Callable[[list[bytes]], None],
+        on_taken: Callable[[str, int], None],
     ) -> None:
         self.store = store
         self.node_id = node_id
         self._on_request = on_request
+        self._on_taken = on_taken
         self._on_wills = on_wills
         self._tasks: list[asyncio.Task[None]] = []
         self._inbox: Any = None
@@ -103,6 +108,9 @@ class Coordinator:
     async def request_release(self, owner: str, client_id: str) -> None:
         await self.store.redis.publish(self.store.inbox(owner), client_id)
 
+    async def tell_taken(self, owner: str, client_id: str, token: int) -> None:
+        await self.store.redis.publish(self.store.inbox(owner), f"\0{token}\0{client_id}")
+
     async def _sweep_once(self) -> None:
         for node in await self.store.nodes():
             if node != self.node_id:
@@ -130,14 +138,36 @@ class Coordinator:
     async def _listen(self) -> None:
         while True:
             try:
-                message = await self._inbox.get_message(ignore_subscribe_messages=True, timeout=1)
+                messages = await self._inbox_messages()
             except Exception as exc:
                 log.warning("takeover inbox: %s", exc)
                 await asyncio.sleep(1)
                 continue
-            if message is not None:
-                data = message["data"]
-                self._on_request(data.decode() if isinstance(data, bytes) else str(data))
+            taken: dict[str, int] = {}
+            asked: list[str] = []
+            for text in messages:
+                if text.startswith("\0"):
+                    _, number, client_id = text.split("\0", 2)
+                    taken[client_id] = max(int(number), taken.get(client_id, 0))
+                else:
+                    asked.append(text)
+            # A node that was stuck finds both a request to let go and the news that the session
+            # was taken meanwhile: the news wins (the will was published by the taker).
+            for client_id, token in taken.items():
+                self._on_taken(client_id, token)
+            for client_id in asked:
+                if client_id not in taken:
+                    self._on_request(client_id)
+
+    async def _inbox_messages(self) -> list[str]:
+        """The next message, and every one already waiting behind it."""
+        texts: list[str] = []
+        timeout = 1.0
+        while (message := await self._inbox.get_message(True, timeout=timeout)) is not None:
+            data = message["data"]
+            texts.append(data.decode() if isinstance(data, bytes) else str(data))
+            timeout = 0.0
+        return texts
 
     async def _reap(self) -> None:
         while True:

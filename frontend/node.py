@@ -134,7 +134,11 @@ class Node:
         store = RedisSessionStore(client, prefix, self.config.session_expiry)
         sessions = self.sessions
         coordinator = Coordinator(
-            store, self.config.node_id, sessions.release_requested, sessions.wills.publish_orphaned
+            store,
+            self.config.node_id,
+            sessions.release_requested,
+            sessions.wills.publish_orphaned,
+            sessions.taken_elsewhere,
         )
         retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
         sessions.join_cluster(store, retained, coordinator)

@@ -88,6 +88,11 @@ class Dispatcher:
             if out.redeliver is not None:
                 out.redeliver()
 
+    def subscriber(self, client_id: str) -> Subscriber | None:
+        """The live connection of ``client_id`` here, if any."""
+        client = self._clients.get(client_id)
+        return client.subscriber if client is not None else None
+
     @property
     def client_count(self) -> int:
         return len(self._clients)

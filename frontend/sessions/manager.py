@@ -21,7 +21,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from frontend.cluster import FORCE_AFTER, Coordinator
 from frontend.mqtt.channel import Limits, will_message
@@ -29,6 +29,7 @@ from frontend.mqtt.codec import PublishTemplate
 from frontend.mqtt.message import Message, MessageStamps
 from frontend.mqtt.packets import Connect
 from frontend.mqtt.session import Outbound, Session, StoredOutbound, StoredSession
+from frontend.outages import in_background
 from frontend.retained import RetainedStore
 from frontend.sessions.saver import Holder, Owned, Saver
 
@@ -124,18 +125,8 @@ class SessionManager:
         if will is not None:
             await self.store.keep_will(lease, record.encode(will))
         if stored is not None and stored.live_on:
-            await self._catch_up_with_checkpoint(stored)
+            await self.saver.catch_up_with_checkpoint(stored)
         return lease, stored
-
-    async def _catch_up_with_checkpoint(self, stored: StoredSession) -> None:
-        """The session was live on a node that did not store its release (it died, or it was
-        taken by force): move its positions up to that node's checkpoint, if the checkpoint
-        was taken while the session was live there (see the module docstring)."""
-        seq, checkpoint = await self.store.read_checkpoint(stored.live_on)
-        if seq > stored.live_since:
-            stored.positions = {
-                p: max(at, checkpoint.get(p, at)) for p, at in stored.positions.items()
-            }
 
     def attach(
         self, lease: Lease, stored: StoredSession | None, clean: bool, holder: Holder
@@ -187,6 +178,16 @@ class SessionManager:
             self._asked_to_let_go.add(client_id)
         self.dispatcher.take_over(client_id)
 
+    def taken_elsewhere(self, client_id: str, token: int) -> None:
+        """Another node took ``client_id``'s session by force with ``token`` (this node did not
+        answer in time): a connection here on an older lease closes without its will, which
+        the other node published."""
+        holder = self.dispatcher.subscriber(client_id)
+        owned = cast(Holder, holder).owned if holder is not None else None  # attach() gives Holders
+        if owned is not None and owned.lease.token < token:
+            log.warning("client %s: session taken by force elsewhere; closing", client_id)
+            owned.holder.lose_session()
+
     def abandon(self, lease: Lease, stored: StoredSession | None) -> None:
         """The connection went away while its session was acquired: let go, keeping ``stored``."""
         self.saver.keep(lease, stored)
@@ -203,6 +204,9 @@ class SessionManager:
             if not isinstance(answer, Busy):
                 if answer.orphaned_will is not None:
                     self.wills.publish_orphaned([answer.orphaned_will])
+                if force and asked is not None and self.coordinator is not None:
+                    tell = self.coordinator.tell_taken(asked, client_id, answer.lease.token)
+                    in_background(tell, client_id, "telling the old owner it lost the session")
                 return answer.lease, answer.state
             if answer.owner == self.node_id:
                 force = not await self._release_local(client_id)
@@ -275,9 +279,6 @@ class SessionManager:
             self.dispatcher.activate(owned.session, new)
 
     # -- save and release -----------------------------------------------------------------------
-
-    def snapshot(self, owned: Owned, live: bool = True) -> StoredSession:
-        return self.saver.snapshot(owned, live)
 
     async def save(self, owned: Owned) -> None:
         """Store a persistent session now (before a SUBACK or after an UNSUBSCRIBE)."""

@@ -44,6 +44,8 @@ SAVE_INTERVAL = 1.0
 class Holder(Subscriber, Protocol):
     """The connection serving a session, as the session manager sees it."""
 
+    owned: Owned | None
+
     def lose_session(self) -> None:
         """Another node took the session by force: close without publishing the will (the node
         that took the session published it)."""
@@ -115,6 +117,16 @@ class Saver:
         if owned.persistent:
             self._persistent[owned.lease.client_id] = owned
             self._active[owned.lease.client_id] = owned
+
+    async def catch_up_with_checkpoint(self, stored: StoredSession) -> None:
+        """``stored`` was live in a node process that did not store its release (it died, or
+        the session was taken by force): move its positions up to that process's checkpoint,
+        if the checkpoint was taken while the session was live there (module docstring)."""
+        seq, checkpoint = await self.store.read_checkpoint(stored.live_on)
+        if seq > stored.live_since:
+            stored.positions = {
+                p: max(at, checkpoint.get(p, at)) for p, at in stored.positions.items()
+            }
 
     def snapshot(self, owned: Owned, live: bool = True) -> StoredSession:
         if owned.replaying is not None:

@@ -335,6 +335,28 @@ async def test_a_client_back_at_once_after_its_node_died_gets_its_will_out_first
     await meter.close()
 
 
+async def test_a_stuck_nodes_idle_session_taken_by_force_is_closed_without_a_second_will(
+    nodes: list[Node], node_process: NodeProcess, will_watcher: RawClient, stored: Stored
+) -> None:
+    """The stuck node never saves the idle session again, so no refused save would tell it; the
+    node that took the session tells its inbox, and when it runs again it closes the old
+    connection without publishing the will the other node already published."""
+    port = free_port()
+    proc = await node_process("stuck", port)
+    will = Will("wills/sleepy", b"offline", 1)
+    old = await RawClient.connected(port, "sleepy", clean_session=False, will=will, keep_alive=60)
+    await eventually(lambda: stored.saved_while_connected("sleepy"), what="the session stored")
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        back = await reconnect(nodes[0].config.port, "sleepy", present=True)  # after 1.5 s
+        assert (await next_will(will_watcher)).payload == b"offline"
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    await old.expect_closed(timeout=10)  # the stuck node, running again, let go of it
+    await will_watcher.expect_silence(3.0)  # the will went out once
+    await back.close()
+
+
 async def test_a_node_restarted_under_its_id_publishes_the_wills_it_left(
     node_process: NodeProcess, will_watcher: RawClient
 ) -> None:

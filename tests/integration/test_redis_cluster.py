@@ -72,21 +72,31 @@ async def test_retained_messages(kind: str, open_redis: OpenRedis, redis_prefix:
 
 
 @pytest.mark.parametrize("kind", REDIS_KINDS)
-async def test_a_takeover_request_reaches_the_owner(
+async def test_takeover_requests_and_notices_reach_the_owner(
     kind: str, open_redis: OpenRedis, redis_prefix: str
 ) -> None:
     asked: list[str] = []
+    taken: list[tuple[str, int]] = []
+
+    def told(client_id: str, token: int) -> None:
+        taken.append((client_id, token))
+
+    def nothing(*_: object) -> None:
+        pass
+
     owner = Coordinator(
-        RedisSessionStore(open_redis(kind), redis_prefix), "owner", asked.append, lambda _: None
+        RedisSessionStore(open_redis(kind), redis_prefix), "owner", asked.append, nothing, told
     )
     other = Coordinator(
-        RedisSessionStore(open_redis(kind), redis_prefix), "other", lambda _: None, lambda _: None
+        RedisSessionStore(open_redis(kind), redis_prefix), "other", nothing, nothing, nothing
     )
     await owner.start()
     await other.start()
     try:
         await other.request_release("owner", "client-1")
         await eventually(lambda: asked == ["client-1"], what="the owner to be asked")
+        await other.tell_taken("owner", "client 2", 1795)  # any MQTT client id: no NUL in it
+        await eventually(lambda: taken == [("client 2", 1795)], what="the owner to be told")
     finally:
         await other.stop()
         await owner.stop()

@@ -74,7 +74,7 @@ class Nodes:
         self.wills: list[bytes] = []
 
     async def start(self, store: RedisSessionStore, node_id: str) -> Coordinator:
-        coordinator = Coordinator(store, node_id, lambda _: None, self.wills.extend)
+        coordinator = Coordinator(store, node_id, _ignore, self.wills.extend, _ignore)
         await coordinator.start()
         self.started.append(coordinator)
         return coordinator
@@ -230,7 +230,7 @@ async def test_a_node_turns_on_expiry_events_where_redis_has_them_off(tmp_path: 
     try:
         await client.config_set("notify-keyspace-events", "g")
         store = RedisSessionStore(client, "t:")
-        coordinator = Coordinator(store, "node", lambda _: None, lambda _: None)
+        coordinator = Coordinator(store, "node", _ignore, _ignore, _ignore)
         await coordinator.start()
         await coordinator.stop()
         flags = (await client.config_get("notify-keyspace-events"))["notify-keyspace-events"]
@@ -242,3 +242,7 @@ async def test_a_node_turns_on_expiry_events_where_redis_has_them_off(tmp_path: 
 
 async def missing(store: RedisSessionStore, key: str) -> bool:
     return not await store.redis.exists(key)
+
+
+def _ignore(*_: object) -> None:
+    """What a coordinator calls back, where a test has no use for it."""

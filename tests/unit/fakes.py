@@ -160,6 +160,8 @@ class FakeClient:
         self.taken_over = 0
         self.lost = 0
         self.stream_errors: list[BaseException] = []
+        self.owned: Any = None
+        """The session manager's record of the session, once a test sets it."""
         self.on_takeover: Callable[[], None] = lambda: None
         """What closing does: a real connection releases its session as it closes."""
 

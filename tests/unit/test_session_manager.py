@@ -23,10 +23,17 @@ ROUTER = Router(4, 1)
 
 
 class NoAnswer:
-    """A cluster whose other nodes never answer a takeover request (they are dead)."""
+    """A cluster whose other nodes never answer a takeover request (dead or stuck); it records
+    whom it told that their session was taken."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, str, int]] = []
 
     async def request_release(self, owner: str, client_id: str) -> None:
         pass
+
+    async def tell_taken(self, owner: str, client_id: str, token: int) -> None:
+        self.told.append((owner, client_id, token))
 
 
 def manager(log: FakeLog | None = None, store: MemorySessionStore | None = None) -> SessionManager:
@@ -114,7 +121,7 @@ async def test_resume_replays_what_was_missed_then_goes_live() -> None:
     sessions = manager(log)
     owned = await connect(sessions, "dev")
     await sessions.dispatcher.subscribe(owned.session, [("a/#", 1)])
-    stored = sessions.snapshot(owned)
+    stored = sessions.saver.snapshot(owned)
     stored.positions = {p: 2}  # it had seen offsets 0 and 1 before it went away
     await released(sessions, owned)
     owned = await connect(sessions, "dev")
@@ -143,7 +150,7 @@ async def test_a_failed_catch_up_is_reported_and_keeps_the_positions_it_resumed_
     sessions = manager(log)
     owned = await connect(sessions, "dev")
     await sessions.dispatcher.subscribe(owned.session, [("a/#", 1)])
-    stored = sessions.snapshot(owned)
+    stored = sessions.saver.snapshot(owned)
     stored.positions = {p: 1}
     await released(sessions, owned)
     owned = await connect(sessions, "dev")
@@ -157,7 +164,7 @@ async def test_a_failed_catch_up_is_reported_and_keeps_the_positions_it_resumed_
     await sessions.resume(owned, stored)
     await pump(log, lambda: bool(client.stream_errors), lambda: None)
     assert isinstance(client.stream_errors[0], TimeoutError)
-    assert sessions.snapshot(owned).positions == {p: 1}  # what the close will store
+    assert sessions.saver.snapshot(owned).positions == {p: 1}  # what the close will store
 
 
 class CountingStore(MemorySessionStore):
@@ -224,6 +231,20 @@ async def test_the_session_of_a_dead_node_resumes_from_that_nodes_checkpoint(
         wall_clock_stamps("other"), Limits(), store, MemoryRetainedStore(),
         Dispatcher(log, ROUTER), log,  # type: ignore[arg-type]
     )  # fmt: skip
-    other.coordinator = NoAnswer()  # type: ignore[assignment]
-    _, stored = await other.acquire("dev", False, None)
+    other.coordinator = cluster = NoAnswer()  # type: ignore[assignment]
+    lease, stored = await other.acquire("dev", False, None)
     assert stored is not None and stored.positions == {p: 7}  # not 0: nothing read twice
+    await asyncio.sleep(0)  # the old owner is told in the background
+    assert cluster.told == [(STAMPS.origin_node, "dev", lease.token)]
+
+
+async def test_a_connection_on_an_older_lease_closes_without_its_will_when_told() -> None:
+    sessions = manager()
+    owned = await connect(sessions, "dev")
+    holder = owned.holder
+    assert isinstance(holder, FakeClient)
+    holder.owned = owned
+    sessions.taken_elsewhere("dev", owned.lease.token)  # not newer: a stale notice
+    assert holder.lost == 0
+    sessions.taken_elsewhere("dev", owned.lease.token + 1)
+    assert holder.lost == 1
