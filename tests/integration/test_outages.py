@@ -8,11 +8,13 @@ on the same ports, as an operator restarting a broker would.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
-from frontend.mqtt.packets import Connack, Connect, Puback, Publish
+from frontend.mqtt.packets import Connack, Connect, Pingreq, Pingresp, Puback, Publish
 from frontend.node import Node, NodeConfig
 from headwater.services.kafka import KafkaPorts, LocalKafka
 from headwater.services.kafka_admin import ensure_topic
@@ -118,6 +120,57 @@ async def test_redis_outage_refuses_new_sessions_and_recovers(
         redis.child = ChildProcess.spawn("redis", argv, tmp_path / "redis" / "redis.log")
         await asyncio.to_thread(redis.wait_ready)
         await wait_for_connack(port, 0, timeout=20)
+        await live.close()
+    finally:
+        await node.stop()
+        await asyncio.to_thread(redis.stop)
+
+
+async def test_redis_stuck_mid_storm_refuses_new_sessions_only_and_loses_nothing_acknowledged(
+    tmp_path: Path, kafka_bootstrap: str, topic_name: str
+) -> None:
+    """A storm of 1000 CONNECTs, Redis stopped (SIGSTOP) halfway: the first 500 are accepted and
+    stay served, the 500 after the stop get CONNACK 3 (none hangs), a connected client keeps
+    publishing and receiving QoS 1, and once Redis answers again CONNECTs are accepted."""
+    redis = LocalRedis(tmp_path / "redis")
+    url = await asyncio.to_thread(redis.start)
+    await asyncio.to_thread(ensure_topic, kafka_bootstrap, topic_name, 2, {})
+    node = Node(node_config(kafka_bootstrap, topic_name, url))
+    await node.start()
+    assert redis.child is not None
+    redis_pid = redis.child.popen.pid
+    try:
+        port = node.config.port
+        live = await RawClient.connected(port, "s-live")
+        await live.subscribe(("s/t", 1))
+
+        async def connect(i: int) -> tuple[RawClient, int]:
+            client = await RawClient.open(port)
+            await client.send(Connect(f"s-{i}", clean_session=i % 2 == 0))
+            connack = await client.recv(timeout=30)
+            assert isinstance(connack, Connack)
+            return client, connack.return_code
+
+        before = await asyncio.gather(*(connect(i) for i in range(500)))
+        assert {code for _, code in before} == {0}
+        os.kill(redis_pid, signal.SIGSTOP)
+        try:
+            after = await asyncio.wait_for(
+                asyncio.gather(*(connect(i) for i in range(500, 1000))), 60
+            )
+            assert {code for _, code in after} == {3}  # Redis does not answer: not accepted
+            await live.send(Publish("s/t", b"during", qos=1, packet_id=1))  # needs Kafka only
+            assert await live.recv(timeout=10) == Puback(1)
+            delivered = await live.recv(timeout=10)
+            assert isinstance(delivered, Publish) and delivered.payload == b"during"
+            for client, _ in before[::50]:  # the connections made before the stop stay
+                await client.send(Pingreq())
+                assert await client.recv(timeout=10) == Pingresp()
+        finally:
+            os.kill(redis_pid, signal.SIGCONT)
+        await wait_for_connack(port, 0, timeout=30)
+        for client, _ in before + after:
+            await client.close()
         await live.close()
     finally:
         await node.stop()
