@@ -65,6 +65,8 @@ class Coordinator:
         self.node_id = node_id
         self._on_request = on_request
         self._on_taken = on_taken
+        self.redis_reachable = True
+        """The last heartbeat reached Redis (what ``/ready`` reports)."""
         self._on_wills = on_wills
         self._tasks: list[asyncio.Task[None]] = []
         self._inbox: Any = None
@@ -132,7 +134,9 @@ class Coordinator:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             try:
                 await self.store.heartbeat(self.node_id)
+                self.redis_reachable = True
             except Exception as exc:  # Redis down: keep serving, keep trying
+                self.redis_reachable = False
                 log.warning("heartbeat to Redis failed: %s", exc)
 
     async def _listen(self) -> None:

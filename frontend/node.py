@@ -118,7 +118,7 @@ class Node:
         self.config.port = sock[1]
         if self.config.stats_host is not None:
             self._stats_server = await serve_stats(
-                self.stats, self.config.stats_host, self.config.stats_port
+                self.stats, self.not_ready, self.config.stats_host, self.config.stats_port
             )
             self.config.stats_port = self._stats_server.sockets[0].getsockname()[1]
         log.info("node %s serving MQTT on %s:%s", self.config.node_id, sock[0], sock[1])
@@ -169,6 +169,18 @@ class Node:
 
     def stats(self) -> dict[str, Any]:
         return snapshot(self.config.node_id, self.router, self.log, self.dispatcher, self.services)
+
+    def not_ready(self) -> list[str]:
+        """Why this node should not be given new clients now (``GET /ready``); none: it should."""
+        reasons = []
+        if self._server is None or not self._server.is_serving():
+            reasons.append("not accepting connections")
+        if not self.log.available:
+            reasons.append("Kafka is not writable")
+        coordinator = self.sessions.coordinator
+        if coordinator is not None and not coordinator.redis_reachable:
+            reasons.append("Redis is unreachable")
+        return reasons
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -1,9 +1,14 @@
-"""What a node reports about itself: a JSON snapshot, served over HTTP at ``GET /stats``.
+"""What a node reports about itself, over HTTP on its own port (``--stats-listen``).
 
-The snapshot is read from counters the parts keep anyway (the log, its reader, the dispatcher,
-the session manager, the connections); it costs no I/O.  The endpoint is a minimal HTTP/1.0
-responder on its own port (``--stats-listen``), for ``headwater stats`` and for scrapers; it is
-handed the snapshot function, not the node.
+* ``GET /stats``: a JSON snapshot, read from counters the parts keep anyway (the log, its reader,
+  the dispatcher, the session manager, the connections); it costs no I/O.
+* ``GET /live``: 200 while the node's event loop answers at all.
+* ``GET /ready``: 200 while the node should be given new clients (listening, Kafka writable,
+  Redis reachable, not shutting down), else 503 with the reasons: what a load balancer checks, so a
+  stuck or stopping node gets no new connections (``headwater.services.haproxy``).
+
+The responder is minimal HTTP/1.0, for ``headwater stats``, scrapers and health checks; it is
+handed the snapshot and readiness functions, not the node.
 """
 
 from __future__ import annotations
@@ -63,16 +68,32 @@ def snapshot(
 
 
 async def serve_stats(
-    take_snapshot: Callable[[], dict[str, Any]], host: str, port: int
+    take_snapshot: Callable[[], dict[str, Any]],
+    not_ready: Callable[[], list[str]],
+    host: str,
+    port: int,
 ) -> asyncio.Server:
+    """Serve ``/stats``, ``/live`` and ``/ready``; ``not_ready`` says why the node should not be
+    given new clients now (nothing: it should)."""
+
+    def answer(path: bytes) -> tuple[bytes, bytes]:
+        if path == b"/stats":
+            body = json.dumps(take_snapshot(), indent=2).encode()
+            return b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n", body
+        if path == b"/live":
+            return b"HTTP/1.0 200 OK\r\n", b"live\n"
+        if path == b"/ready":
+            reasons = not_ready()
+            if not reasons:
+                return b"HTTP/1.0 200 OK\r\n", b"ready\n"
+            return b"HTTP/1.0 503 Service Unavailable\r\n", ("\n".join(reasons) + "\n").encode()
+        return b"HTTP/1.0 404 Not Found\r\n", b"not found\n"
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readline(), 5)
-            if request.split(b" ")[1:2] == [b"/stats"]:
-                body = json.dumps(take_snapshot(), indent=2).encode()
-                head = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n"
-            else:
-                body, head = b"not found\n", b"HTTP/1.0 404 Not Found\r\n"
+            words = request.split()
+            head, body = answer(words[1] if len(words) > 1 else b"")
             writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
             await writer.drain()
         except (TimeoutError, ConnectionError) as exc:

@@ -207,7 +207,7 @@ class DevCluster:
         return specs
 
     def start_haproxy(self, specs: list[NodeSpec]) -> None:
-        servers = [Server(spec.node_id, LOOPBACK, spec.port) for spec in specs]
+        servers = [Server(spec.node_id, LOOPBACK, spec.port, spec.stats_port) for spec in specs]
         haproxy = LocalHAProxy(
             self.state_dir / "haproxy", self.options.port, servers, cancel=self.cancel
         )

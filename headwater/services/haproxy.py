@@ -2,7 +2,9 @@
 
 The generated configuration binds 127.0.0.1:<port> and spreads connections over the nodes with
 `balance leastconn`, which suits long-lived MQTT connections better than round robin. Each node is
-health-checked by TCP connect, so a dead node stops getting new clients within about two seconds.
+health-checked every second by `GET /ready` on its stats port (by TCP connect where it has none),
+so a dead or stuck node, or one that cannot reach Kafka or Redis, stops getting new clients within
+about two seconds.
 Client and server timeouts are an hour: an MQTT connection idles between keep-alive PINGREQs, and
 HAProxy must not cut it. HAProxy runs in the foreground (`-db`) as a child; SIGTERM stops it.
 """
@@ -30,6 +32,9 @@ class Server:
     name: str
     host: str
     port: int
+    stats_port: int | None = None
+    """Where the node answers ``GET /ready``: checked instead of a bare TCP connect, so a stuck
+    node, or one that cannot reach Kafka or Redis, gets no new clients."""
 
 
 def render_config(port: int, servers: Sequence[Server], host: str = LOOPBACK) -> str:
@@ -53,9 +58,15 @@ def render_config(port: int, servers: Sequence[Server], host: str = LOOPBACK) ->
         "",
         "backend frontends",
         "    balance leastconn",
-        "    default-server check inter 1s fall 2 rise 1",
     ]
-    lines += [f"    server {s.name} {s.host}:{s.port}" for s in servers]
+    if any(s.stats_port for s in servers):
+        lines += ["    option httpchk GET /ready", "    http-check expect status 200"]
+    lines.append("    default-server check inter 1s fall 2 rise 1")
+    lines += [
+        f"    server {s.name} {s.host}:{s.port}"
+        + (f" check port {s.stats_port}" if s.stats_port else "")
+        for s in servers
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from headwater.services.kafka import KafkaPorts, LocalKafka
 from headwater.services.kafka_admin import ensure_topic
 from headwater.services.process import ChildProcess
 from headwater.services.redis_server import LocalRedis, require_redis_server
+from tests.e2e.conftest import eventually
 from tests.e2e.rawmqtt import RawClient
 
 
@@ -97,14 +99,33 @@ async def test_kafka_outage_gives_connack_3_and_no_early_puback(
         await asyncio.to_thread(kafka.stop)
 
 
+async def node_on_own_redis(
+    tmp_path: Path, bootstrap: str, topic: str, **settings: object
+) -> tuple[Node, LocalRedis]:
+    """A node on a Redis of its own (one a test may stop), and that Redis."""
+    redis = LocalRedis(tmp_path / "redis")
+    url = await asyncio.to_thread(redis.start)
+    await asyncio.to_thread(ensure_topic, bootstrap, topic, 2, {})
+    config = node_config(bootstrap, topic, url)
+    for name, value in settings.items():
+        setattr(config, name, value)
+    node = Node(config)
+    await node.start()
+    return node, redis
+
+
+async def restart_on_its_port(redis: LocalRedis, tmp_path: Path) -> None:
+    """Start a stopped Redis again where the node expects it."""
+    assert redis.port is not None
+    argv = redis.argv(require_redis_server(), redis.port)
+    redis.child = ChildProcess.spawn("redis", argv, tmp_path / "redis" / "redis.log")
+    await asyncio.to_thread(redis.wait_ready)
+
+
 async def test_redis_outage_refuses_new_sessions_and_recovers(
     tmp_path: Path, kafka_bootstrap: str, topic_name: str
 ) -> None:
-    redis = LocalRedis(tmp_path / "redis")
-    url = await asyncio.to_thread(redis.start)
-    await asyncio.to_thread(ensure_topic, kafka_bootstrap, topic_name, 2, {})
-    node = Node(node_config(kafka_bootstrap, topic_name, url))
-    await node.start()
+    node, redis = await node_on_own_redis(tmp_path, kafka_bootstrap, topic_name)
     try:
         port = node.config.port
         live = await RawClient.connected(port, "r-live")
@@ -115,10 +136,7 @@ async def test_redis_outage_refuses_new_sessions_and_recovers(
         assert await live.recv() == Puback(1)
         assert isinstance(await live.recv(), Publish)
 
-        assert redis.port is not None
-        argv = redis.argv(require_redis_server(), redis.port)
-        redis.child = ChildProcess.spawn("redis", argv, tmp_path / "redis" / "redis.log")
-        await asyncio.to_thread(redis.wait_ready)
+        await restart_on_its_port(redis, tmp_path)
         await wait_for_connack(port, 0, timeout=20)
         await live.close()
     finally:
@@ -132,11 +150,7 @@ async def test_redis_stuck_mid_storm_refuses_new_sessions_only_and_loses_nothing
     """A storm of 1000 CONNECTs, Redis stopped (SIGSTOP) halfway: the first 500 are accepted and
     stay served, the 500 after the stop get CONNACK 3 (none hangs), a connected client keeps
     publishing and receiving QoS 1, and once Redis answers again CONNECTs are accepted."""
-    redis = LocalRedis(tmp_path / "redis")
-    url = await asyncio.to_thread(redis.start)
-    await asyncio.to_thread(ensure_topic, kafka_bootstrap, topic_name, 2, {})
-    node = Node(node_config(kafka_bootstrap, topic_name, url))
-    await node.start()
+    node, redis = await node_on_own_redis(tmp_path, kafka_bootstrap, topic_name)
     assert redis.child is not None
     redis_pid = redis.child.popen.pid
     try:
@@ -175,3 +189,39 @@ async def test_redis_stuck_mid_storm_refuses_new_sessions_only_and_loses_nothing
     finally:
         await node.stop()
         await asyncio.to_thread(redis.stop)
+
+
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    head, _, body = (await reader.read()).partition(b"\r\n\r\n")
+    writer.close()
+    return int(head.split()[1]), body.decode()
+
+
+async def test_ready_turns_off_while_redis_is_unreachable_and_live_stays_on(
+    tmp_path: Path, kafka_bootstrap: str, topic_name: str
+) -> None:
+    node, redis = await node_on_own_redis(
+        tmp_path, kafka_bootstrap, topic_name, stats_host="127.0.0.1"
+    )
+    stats = node.config.stats_port
+
+    async def status(path: str) -> int:
+        return (await http_get(stats, path))[0]
+
+    try:
+        assert await http_get(stats, "/ready") == (200, "ready\n")
+        await asyncio.to_thread(redis.stop)
+        await eventually(lambda: _is(status("/ready"), 503), what="/ready off", timeout=15)
+        assert (await http_get(stats, "/ready"))[1] == "Redis is unreachable\n"
+        assert await status("/live") == 200
+        await restart_on_its_port(redis, tmp_path)
+        await eventually(lambda: _is(status("/ready"), 200), what="/ready on again", timeout=20)
+    finally:
+        await node.stop()
+        await asyncio.to_thread(redis.stop)
+
+
+async def _is(answer: Awaitable[int], expected: int) -> bool:
+    return await answer == expected

@@ -134,10 +134,17 @@ def test_haproxy_config_balances_leastconn_with_long_timeouts() -> None:
     assert "check" in config
 
 
+def test_haproxy_checks_each_nodes_readiness_on_its_stats_port() -> None:
+    config = render_config(18830, [Server("node0", "127.0.0.1", 4000, 5000)])
+    assert "    option httpchk GET /ready" in config
+    assert "    http-check expect status 200" in config
+    assert "    server node0 127.0.0.1:4000 check port 5000" in config
+
+
 @pytest.mark.skipif(find_program("haproxy") is None, reason="haproxy is not installed")
 @pytest.mark.parametrize("nodes", [0, 3])
 def test_haproxy_accepts_the_generated_config(tmp_path: Path, nodes: int) -> None:
-    servers = [Server(f"node{i}", "127.0.0.1", 4000 + i) for i in range(nodes)]
+    servers = [Server(f"node{i}", "127.0.0.1", 4000 + i, 5000 + i) for i in range(nodes)]
     path = tmp_path / "haproxy.cfg"
     path.write_text(render_config(free_port(), servers))
     haproxy = find_program("haproxy")
