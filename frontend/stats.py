@@ -2,6 +2,7 @@
 
 * ``GET /stats``: a JSON snapshot, read from counters the parts keep anyway (the log, its reader,
   the dispatcher, the session manager, the connections); it costs no I/O.
+* ``GET /metrics``: the same counters in Prometheus's text format (``frontend.metrics``).
 * ``GET /live``: 200 while the node's event loop answers at all.
 * ``GET /ready``: 200 while the node should be given new clients (listening, Kafka writable,
   Redis reachable, not shutting down), else 503 with the reasons: what a load balancer checks, so a
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from frontend.connection import Services
+from frontend.metrics import CONTENT_TYPE, exposition
 from router.dispatch import Dispatcher
 from router.log import KafkaLog
 from router.partitioner import Router
@@ -64,6 +66,7 @@ def snapshot(
         "wills_lost": sessions.wills.lost,
         "shared_groups": dispatcher.share_names(),
         "kafka_available": klog.available,
+        "redis_reachable": sessions.coordinator is None or sessions.coordinator.redis_reachable,
     }
 
 
@@ -73,13 +76,16 @@ async def serve_stats(
     host: str,
     port: int,
 ) -> asyncio.Server:
-    """Serve ``/stats``, ``/live`` and ``/ready``; ``not_ready`` says why the node should not be
-    given new clients now (nothing: it should)."""
+    """Serve ``/stats``, ``/metrics``, ``/live`` and ``/ready``; ``not_ready`` says why the node
+    should not be given new clients now (nothing: it should)."""
+    metrics = exposition(take_snapshot)
 
     def answer(path: bytes) -> tuple[bytes, bytes]:
         if path == b"/stats":
             body = json.dumps(take_snapshot(), indent=2).encode()
             return b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n", body
+        if path == b"/metrics":
+            return b"HTTP/1.0 200 OK\r\nContent-Type: %s\r\n" % CONTENT_TYPE.encode(), metrics()
         if path == b"/live":
             return b"HTTP/1.0 200 OK\r\n", b"live\n"
         if path == b"/ready":

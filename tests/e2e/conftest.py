@@ -45,6 +45,15 @@ async def eventually(
         await asyncio.sleep(interval)
 
 
+async def http_get(port: int, path: str) -> tuple[int, str]:
+    """``GET path`` from a node's stats port: the status code and the body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    head, _, body = (await reader.read()).partition(b"\r\n\r\n")
+    writer.close()
+    return int(head.split()[1]), body.decode()
+
+
 @pytest.fixture
 def log_topic(kafka_bootstrap: str) -> str:
     name = f"test.{uuid.uuid4().hex[:12]}"

@@ -21,7 +21,7 @@ from headwater.services.kafka import KafkaPorts, LocalKafka
 from headwater.services.kafka_admin import ensure_topic
 from headwater.services.process import ChildProcess
 from headwater.services.redis_server import LocalRedis, require_redis_server
-from tests.e2e.conftest import eventually
+from tests.e2e.conftest import eventually, http_get
 from tests.e2e.rawmqtt import RawClient
 
 
@@ -189,14 +189,6 @@ async def test_redis_stuck_mid_storm_refuses_new_sessions_only_and_loses_nothing
     finally:
         await node.stop()
         await asyncio.to_thread(redis.stop)
-
-
-async def http_get(port: int, path: str) -> tuple[int, str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
-    head, _, body = (await reader.read()).partition(b"\r\n\r\n")
-    writer.close()
-    return int(head.split()[1]), body.decode()
 
 
 async def test_ready_turns_off_while_redis_is_unreachable_and_live_stays_on(
