@@ -5,10 +5,10 @@ with the QoS of :func:`delivery_qos`:
 
 * **live**: a record the reader fetched, to every local client with a matching subscription
   that has started (``router.subscriptions``);
-* **catch-up**: the records a client missed, read back from the log: a returning persistent
-X
-  QoS 1/2 only (QoS 0 is not kept for a client that was away, nor for a slow one), taken only
-  while the session's queue has room, so the bound never drops one;
+* **catch-up**: the records a client missed, read back from the log (``router.backlog``): a
+  returning persistent session's, from its stored positions, and a connected client's whose queue
+  filled up; QoS 1/2 only (QoS 0 is not kept for a client that was away, nor for a slow one),
+  taken only while the session's queue has room, so the bound never drops one;
 * **retained**: after a SUBACK, the retained messages its filters match [MQTT-3.3.1-6], RETAIN=1;
 * **shared**: a record of a share group this node holds the partition of, to one member.
 

@@ -90,7 +90,6 @@ class KafkaLog:
         self.reader = LogReader(settings.topic, settings.fetch_batch)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._producer: Producer | None = None
-        self._admin: AdminClient | None = None
         self._running = False
         self._pump_handle: asyncio.Handle | None = None
         self._idle_looks = 0
@@ -126,7 +125,7 @@ class KafkaLog:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._admin = self.watermarks.admin = AdminClient(self._common())
+        self.watermarks.admin = AdminClient(self._common())
         await self._loop.run_in_executor(None, self._check_topic)
         self._producer = Producer({
             **self._common(),
@@ -154,9 +153,10 @@ class KafkaLog:
         self.available = True
 
     def _check_topic(self) -> None:
-        assert self._admin is not None
+        admin = self.watermarks.admin
+        assert admin is not None
         try:
-            meta = self._admin.list_topics(self.settings.topic, timeout=10)
+            meta = admin.list_topics(self.settings.topic, timeout=10)
         except KafkaException as exc:
             raise ConnectionError(
                 f"Kafka at {self.settings.bootstrap} is unreachable: {exc}"
@@ -179,7 +179,7 @@ class KafkaLog:
             await loop.run_in_executor(None, self._producer.flush, flush_timeout)
         await self.reader.stop()
         self._producer = None  # let librdkafka's threads and sockets go now, not at a GC pass
-        self._admin = self.watermarks.admin = None
+        self.watermarks.admin = None
 
     def _on_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
@@ -313,6 +313,7 @@ class Watermarks:
     def __init__(self, topic: str) -> None:
         self.topic = topic
         self.admin: AdminClient | None = None
+        """The node's one admin client, while the log runs (the log checks its topic with it)."""
         self._ends: Batch[list[int], dict[int, int]] = Batch(self._ends_of_many)
 
     async def high(self, partitions: Iterable[int]) -> dict[int, int]:

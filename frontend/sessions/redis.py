@@ -19,8 +19,9 @@ tags, so all keys of one client, and all keys of one node, sit in one Redis Clus
 ``P{node}:inbox``               pubsub  takeover requests for sessions the node owns
 ``P{node}:owned``               hash    client id -> token (``0`` until known) of every session
                                         the node owns or is acquiring: what to sweep if it dies
-``P{node}:ckpt``                hash    ``seq`` and partition -> offset: the node's delivery
-                                        checkpoint (TTL: the expiry and a margin)
+``P{run}:ckpt``                 hash    ``seq`` and partition -> offset: one node process's
+                                        delivery checkpoint (``Saver.checkpoint_id``; TTL:
+                                        the expiry, its grace and a margin, from each write)
 ``Pnodes``                      set     node ids that may own sessions (swept when dead)
 ==============================  ======  ======================================================
 
@@ -86,7 +87,9 @@ ALIVE_SECONDS = 5
 EXPIRY_GRACE = 60.0
 """Seconds at most that a parked session's keys outlive its marker, for a node to reap them."""
 CHECKPOINT_MARGIN = 60.0
-"""Seconds a node's checkpoint outlives the sessions that may still need it."""
+"""Seconds a process's checkpoint outlives, from its last write, the sessions that may need it
+when their node is swept within that margin of its death; a session swept later (no node was
+up) resumes from its stored positions: more is read again, nothing is lost."""
 SWEEP_BATCH = 500
 """Clients of a dead node handled per round trip."""
 
@@ -367,8 +370,6 @@ class RedisSessionStore:
         if only_if_dead and await self.redis.exists(self.alive_key(node_id)):
             return []
         found_dead = await self._now()
-        if self._checkpoint_ms:  # its sessions may need it until they expire
-            await self.redis.pexpire(self._node_key(node_id, "ckpt"), self._checkpoint_ms)
         owned = self._node_key(node_id, "owned")
         args: list[str | int] = [node_id, found_dead, self._expiry_ms, self._grace_ms]
         wills: list[bytes] = []
