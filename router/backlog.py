@@ -25,6 +25,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from frontend.mqtt.codec import PublishTemplate
 from frontend.mqtt.session import Outbound
 from router.delivery import Client, Counters, delivery_qos, template_for
 from router.log import KafkaLog
@@ -52,6 +53,7 @@ class Backlog:
         """The clients behind now."""
         self._matched_record: Record | None = None
         self._matched: dict[str, int] = {}
+        self._templates: dict[int, PublishTemplate] = {}
 
     @staticmethod
     def needed(client: Client, positions: dict[int, int]) -> None:
@@ -147,7 +149,7 @@ class Backlog:
             if qos:
                 if not session.has_room():
                     return False
-                template = template_for(rec.message, qos, {})
+                template = template_for(rec.message, qos, self._templates)
                 out = Outbound(
                     rec.message, qos, False, template, 0, False, rec.partition, rec.offset
                 )
@@ -162,10 +164,11 @@ class Backlog:
     def _granted(self, rec: Record) -> dict[str, int]:
         """Per client, the highest QoS its plain subscriptions grant ``rec``'s topic: one walk of
         the index per record, shared by every session the catch-up offers it to (in a storm, a
-        record is offered to hundreds of them in a row)."""
+        record is offered to hundreds of them in a row), as is its PUBLISH per QoS."""
         if rec is not self._matched_record:
             self._matched_record = rec
             self._matched = self.subscriptions.granted(rec.message.topic)
+            self._templates = {}
         return self._matched
 
     async def _skip_expired(self, client_id: str, ranges: dict[int, tuple[int, int]]) -> None:

@@ -56,8 +56,8 @@ doubling up to 100 ms (a storm has thousands waiting at once)."""
 OPENING_WAIT = 120.0
 """Seconds a CONNECT waits for its turn before the store counts as unavailable (CONNACK 3): far
 longer than a storm takes to drain (15,000 reconnects on 3 nodes of this 2-core machine took
-35 s), since a busy node answers later rather than refusing; a Redis that fails answers sooner,
-through its own timeouts."""
+9-22 s in ``bench.scale``), since a busy node answers later rather than refusing; a Redis that
+fails answers sooner, through its own timeouts."""
 
 
 class SessionManager:
@@ -78,7 +78,6 @@ class SessionManager:
         self.store = store
         self.retained = retained
         self.dispatcher = dispatcher
-        self.log = log_
         self.coordinator: Coordinator | None = None
         self.wills = Wills(stamps, log_, retained)
         self._opening = asyncio.Semaphore(OPENING_AT_ONCE)
@@ -87,7 +86,7 @@ class SessionManager:
         self._asked_to_let_go: set[str] = set()
         """Of those, the ones another node asked for meanwhile."""
         self.opening_waited = 0
-        """CONNECTs that waited for their turn to open a session (admission control)."""
+        """Store requests of CONNECTs that waited for their turn (admission control)."""
         self.saver = Saver(self.node_id, store, dispatcher)
 
     def join_cluster(
@@ -248,7 +247,7 @@ class SessionManager:
 
     async def resume(self, owned: Owned, stored: StoredSession) -> None:
         """Subscribe again and catch up from the log from the stored positions; the session
-        goes live by itself once caught up (``router.dispatch``), no gap and no duplicate at
+        goes live by itself once caught up (``router.backlog``), no gap and no duplicate at
         the switch.  A catch-up that fails closes the connection through its holder."""
         owned.replaying = stored
         try:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from frontend.mqtt.session import Session, StoredSession
+from frontend.outages import every
 from frontend.sessions.store import Lease, SessionStore
 from router import record
 from router.delivery import Subscriber
@@ -103,7 +104,8 @@ class Saver:
 
     def start(self) -> None:
         """Save and checkpoint every ``SAVE_INTERVAL`` from now on."""
-        self._task = asyncio.get_running_loop().create_task(self._save_periodically())
+        saving = every(SAVE_INTERVAL, self.save_round, "saving sessions")
+        self._task = asyncio.get_running_loop().create_task(saving)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -128,11 +130,18 @@ class Saver:
                 p: max(at, checkpoint.get(p, at)) for p, at in stored.positions.items()
             }
 
-    def snapshot(self, owned: Owned, live: bool = True) -> StoredSession:
+    def positions(self, owned: Owned) -> dict[int, int]:
+        """Where ``owned``'s stream resumes if it went away now: the stored positions while it
+        is being resumed, else what the dispatcher says."""
         if owned.replaying is not None:
-            positions = dict(owned.replaying.positions)
-        else:
-            positions = self.dispatcher.positions_for(owned.session)
+            return dict(owned.replaying.positions)
+        return self.dispatcher.positions_for(owned.session)
+
+    def snapshot(
+        self, owned: Owned, live: bool = True, positions: dict[int, int] | None = None
+    ) -> StoredSession:
+        if positions is None:
+            positions = self.positions(owned)
         state = owned.session.snapshot(positions, lambda out: record.encode(out.message))
         if live:
             state.live_on, state.live_since = self.checkpoint_id, owned.live_since
@@ -185,14 +194,6 @@ class Saver:
         if unreleased is not None and unreleased[0] == lease:
             del self._unreleased[client_id]
 
-    async def _save_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(SAVE_INTERVAL)
-            try:
-                await self.save_round()
-            except Exception as exc:  # Redis down: keep serving, keep trying
-                log.warning("saving sessions failed: %s", exc)
-
     async def save_round(self) -> None:
         """Save the active sessions that changed, write the node's checkpoint if it moved,
         retry releases that were not stored, and forget the sessions that settled."""
@@ -205,15 +206,13 @@ class Saver:
         saves: list[tuple[Owned, int, StoredSession]] = []
         for client_id, owned in list(self._active.items()):
             session = owned.session
-            if owned.replaying is not None:
-                _lower(lowest, owned.replaying.positions)
-            else:
-                _lower(lowest, self.dispatcher.positions_for(session))
+            positions = self.positions(owned)
+            _lower(lowest, positions)
             for out in session.inflight.values():
                 if 0 <= out.offset < lowest.get(out.partition, out.offset + 1):
                     lowest[out.partition] = out.offset
             if session.changes != owned.saved:
-                saves.append((owned, session.changes, self.snapshot(owned)))
+                saves.append((owned, session.changes, self.snapshot(owned, positions=positions)))
             elif session.settled() and not self.dispatcher.is_behind(session):
                 del self._active[client_id]
         for _, state in self._unreleased.values():
