@@ -40,6 +40,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from frontend.outages import every
 from frontend.sessions.redis import RedisClient, RedisSessionStore
 
 log = logging.getLogger("headwater.cluster")
@@ -82,7 +83,7 @@ class Coordinator:
         await self._expiries.subscribe_keyevent("expired", db=_database(redis))
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self._beat()),
+            loop.create_task(every(HEARTBEAT_SECONDS, self._beat, "heartbeat to Redis")),
             loop.create_task(self._listen()),
             loop.create_task(self._reap()),
         ]
@@ -105,7 +106,8 @@ class Coordinator:
         sweep for dead nodes from now on.  Called once the log can take their wills."""
         self._on_wills(await self.store.sweep_node(self.node_id, only_if_dead=False))
         await self._sweep_once()
-        self._tasks.append(asyncio.get_running_loop().create_task(self._sweep()))
+        sweep = every(SWEEP_SECONDS, self._sweep_once, "sweeping for dead nodes")
+        self._tasks.append(asyncio.get_running_loop().create_task(sweep))
 
     async def request_release(self, owner: str, client_id: str) -> None:
         await self.store.redis.publish(self.store.inbox(owner), client_id)
@@ -121,23 +123,13 @@ class Coordinator:
                     log.warning("node %s is gone: publishing %d wills", node, len(wills))
                     self._on_wills(wills)
 
-    async def _sweep(self) -> None:
-        while True:
-            await asyncio.sleep(SWEEP_SECONDS)
-            try:
-                await self._sweep_once()
-            except Exception as exc:  # Redis down: keep serving, keep trying
-                log.warning("sweeping for dead nodes failed: %s", exc)
-
     async def _beat(self) -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_SECONDS)
-            try:
-                await self.store.heartbeat(self.node_id)
-                self.redis_reachable = True
-            except Exception as exc:  # Redis down: keep serving, keep trying
-                self.redis_reachable = False
-                log.warning("heartbeat to Redis failed: %s", exc)
+        try:
+            await self.store.heartbeat(self.node_id)
+        except Exception:
+            self.redis_reachable = False
+            raise
+        self.redis_reachable = True
 
     async def _listen(self) -> None:
         while True:

@@ -145,8 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _env_name(flag: str) -> str:
+    """The variable beside ``flag``: ``--max-inflight`` -> ``HEADWATER_MAX_INFLIGHT``."""
+    return "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+
+
 def _int_setting(value: str | None, flag: str, low: int, high: int) -> int:
-    env = "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+    env = _env_name(flag)
     try:
         number = int(value or "")
     except ValueError:
@@ -157,7 +162,7 @@ def _int_setting(value: str | None, flag: str, low: int, high: int) -> int:
 
 
 def _seconds_setting(value: str | None, flag: str, high: float) -> float:
-    env = "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+    env = _env_name(flag)
     try:
         seconds = float(value or "")
     except ValueError:
@@ -168,7 +173,7 @@ def _seconds_setting(value: str | None, flag: str, high: float) -> float:
 
 
 def _switch_setting(value: str, flag: str) -> bool:
-    env = "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+    env = _env_name(flag)
     answer = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
     if value.lower() not in answer:
         raise ConfigError(f"{flag} / {env}: {value!r} is not yes or no")
@@ -178,7 +183,7 @@ def _switch_setting(value: str, flag: str) -> bool:
 def _address(value: str, flag: str) -> tuple[str, str]:
     host, sep, port = str(value).rpartition(":")
     if not sep or not host:
-        env = "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+        env = _env_name(flag)
         raise ConfigError(f"{flag} / {env}: {value!r} is not host:port")
     return host, port
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -123,3 +123,14 @@ def in_background(work: Coroutine[Any, Any, None], client_id: str, what: str) ->
 def _report(task: asyncio.Task[None], client_id: str, what: str) -> None:
     if not task.cancelled() and (error := task.exception()) is not None:
         log.warning("client %s: %s failed: %r", client_id or "-", what, error)
+
+
+async def every(seconds: float, work: Callable[[], Awaitable[None]], what: str) -> None:
+    """Run ``work`` every ``seconds``, for as long as the task lives.  A failure (Redis or Kafka
+    away) is logged and the next turn tries again: the node keeps serving meanwhile."""
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            await work()
+        except Exception as exc:
+            log.warning("%s failed: %s", what, exc)
