@@ -88,14 +88,7 @@ class Worker:
     def stop(self) -> None:
         with contextlib.suppress(OSError):
             self.conn.send(None)
-        self.process.join(5.0)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(3.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.conn.close()
+        end_process(self.process, self.conn, grace=5.0)
 
 
 def run_all(workers: Sequence[Worker], jobs: Sequence[Job[R]], timeout: float) -> list[R]:
@@ -144,3 +137,20 @@ def install_signal_handlers() -> None:
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def end_process(
+    process: multiprocessing.process.BaseProcess,
+    conn: multiprocessing.connection.Connection,
+    grace: float,
+) -> None:
+    """Wait ``grace`` seconds for a load process told to stop, then terminate it, then kill it;
+    close its pipe."""
+    process.join(grace)
+    if process.is_alive():
+        process.terminate()
+        process.join(3.0)
+    if process.is_alive():
+        process.kill()
+        process.join()
+    conn.close()

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
+from bench.jobs import end_process
 from frontend.mqtt.codec import Decoder, encode
 from frontend.mqtt.packets import (
     Connack,
@@ -626,11 +627,4 @@ class Group:
 
     def stop(self) -> None:
         self.send("close")
-        self.process.join(3.0)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(3.0)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.conn.close()
+        end_process(self.process, self.conn, grace=3.0)

@@ -8,9 +8,10 @@ on the same ports, as an operator restarting a broker would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import pytest
@@ -99,10 +100,11 @@ async def test_kafka_outage_gives_connack_3_and_no_early_puback(
         await asyncio.to_thread(kafka.stop)
 
 
+@contextlib.asynccontextmanager
 async def node_on_own_redis(
     tmp_path: Path, bootstrap: str, topic: str, **settings: object
-) -> tuple[Node, LocalRedis]:
-    """A node on a Redis of its own (one a test may stop), and that Redis."""
+) -> AsyncIterator[tuple[Node, LocalRedis]]:
+    """A node on a Redis of its own (one a test may stop), and that Redis; both stopped after."""
     redis = LocalRedis(tmp_path / "redis")
     url = await asyncio.to_thread(redis.start)
     await asyncio.to_thread(ensure_topic, bootstrap, topic, 2, {})
@@ -111,7 +113,11 @@ async def node_on_own_redis(
         setattr(config, name, value)
     node = Node(config)
     await node.start()
-    return node, redis
+    try:
+        yield node, redis
+    finally:
+        await node.stop()
+        await asyncio.to_thread(redis.stop)
 
 
 async def restart_on_its_port(redis: LocalRedis, tmp_path: Path) -> None:
@@ -125,8 +131,7 @@ async def restart_on_its_port(redis: LocalRedis, tmp_path: Path) -> None:
 async def test_redis_outage_refuses_new_sessions_and_recovers(
     tmp_path: Path, kafka_bootstrap: str, topic_name: str
 ) -> None:
-    node, redis = await node_on_own_redis(tmp_path, kafka_bootstrap, topic_name)
-    try:
+    async with node_on_own_redis(tmp_path, kafka_bootstrap, topic_name) as (node, redis):
         port = node.config.port
         live = await RawClient.connected(port, "r-live")
         await live.subscribe(("r/t", 1))
@@ -139,9 +144,6 @@ async def test_redis_outage_refuses_new_sessions_and_recovers(
         await restart_on_its_port(redis, tmp_path)
         await wait_for_connack(port, 0, timeout=20)
         await live.close()
-    finally:
-        await node.stop()
-        await asyncio.to_thread(redis.stop)
 
 
 async def test_redis_stuck_mid_storm_refuses_new_sessions_only_and_loses_nothing_acknowledged(
@@ -150,10 +152,9 @@ async def test_redis_stuck_mid_storm_refuses_new_sessions_only_and_loses_nothing
     """A storm of 1000 CONNECTs, Redis stopped (SIGSTOP) halfway: the first 500 are accepted and
     stay served, the 500 after the stop get CONNACK 3 (none hangs), a connected client keeps
     publishing and receiving QoS 1, and once Redis answers again CONNECTs are accepted."""
-    node, redis = await node_on_own_redis(tmp_path, kafka_bootstrap, topic_name)
-    assert redis.child is not None
-    redis_pid = redis.child.popen.pid
-    try:
+    async with node_on_own_redis(tmp_path, kafka_bootstrap, topic_name) as (node, redis):
+        assert redis.child is not None
+        redis_pid = redis.child.popen.pid
         port = node.config.port
         live = await RawClient.connected(port, "s-live")
         await live.subscribe(("s/t", 1))
@@ -186,23 +187,18 @@ async def test_redis_stuck_mid_storm_refuses_new_sessions_only_and_loses_nothing
         for client, _ in before + after:
             await client.close()
         await live.close()
-    finally:
-        await node.stop()
-        await asyncio.to_thread(redis.stop)
 
 
 async def test_ready_turns_off_while_redis_is_unreachable_and_live_stays_on(
     tmp_path: Path, kafka_bootstrap: str, topic_name: str
 ) -> None:
-    node, redis = await node_on_own_redis(
-        tmp_path, kafka_bootstrap, topic_name, stats_host="127.0.0.1"
-    )
-    stats = node.config.stats_port
+    own = node_on_own_redis(tmp_path, kafka_bootstrap, topic_name, stats_host="127.0.0.1")
+    async with own as (node, redis):
+        stats = node.config.stats_port
 
-    async def status(path: str) -> int:
-        return (await http_get(stats, path))[0]
+        async def status(path: str) -> int:
+            return (await http_get(stats, path))[0]
 
-    try:
         assert await http_get(stats, "/ready") == (200, "ready\n")
         await asyncio.to_thread(redis.stop)
         await eventually(lambda: _is(status("/ready"), 503), what="/ready off", timeout=15)
@@ -210,9 +206,6 @@ async def test_ready_turns_off_while_redis_is_unreachable_and_live_stays_on(
         assert await status("/live") == 200
         await restart_on_its_port(redis, tmp_path)
         await eventually(lambda: _is(status("/ready"), 200), what="/ready on again", timeout=20)
-    finally:
-        await node.stop()
-        await asyncio.to_thread(redis.stop)
 
 
 async def _is(answer: Awaitable[int], expected: int) -> bool:
