@@ -9,27 +9,29 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALL_STAMP := $(VENV)/.headwater-install.stamp
+JS_DIR := tests/js
+JS_STAMP := $(JS_DIR)/node_modules/.headwater-install.stamp
 EXTRAS ?= test,dev,analytics
 RUN_ARGS ?=
 BENCH_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # program:Debian package, installed with apt-get when the program is not found.
 APT_NEEDS := redis-server:redis-server haproxy:haproxy mosquitto:mosquitto \
-	mosquitto_pub:mosquitto-clients java:openjdk-17-jre-headless mvn:maven
+	mosquitto_pub:mosquitto-clients java:openjdk-17-jre-headless mvn:maven node:nodejs npm:npm
 
-.PHONY: help install system-packages kafka-jars test lint run docs bench clean distclean
+.PHONY: help install system-packages kafka-jars js-packages test lint run docs bench clean distclean
 
 help:
 	@echo "make run      install what is missing, then start a dev cluster (headwater dev up)"
 	@echo "make test     install what is missing, then ruff, mypy and pytest"
 	@echo "make bench    install what is missing, then benchmark Headwater against mosquitto and"
 	@echo "              amqtt (docs/benchmarks.md; BENCH_ARGS=--quick for a smoke run)"
-	@echo "make install  apt packages, .venv, the project with [$(EXTRAS)], Kafka's jars"
+	@echo "make install  apt packages, .venv, the project with [$(EXTRAS)], Kafka's jars, MQTT.js"
 	@echo "make lint     ruff check, ruff format --check, mypy"
 	@echo "make docs     render docs/design.md to docs/design.pdf (installs markdown-pdf into .venv)"
 	@echo "make clean    remove caches and the .headwater state dir (distclean: also .venv)"
 
-install: system-packages $(INSTALL_STAMP) kafka-jars
+install: system-packages $(INSTALL_STAMP) kafka-jars js-packages
 
 system-packages:
 	@export PATH="$$PATH:/usr/local/sbin:/usr/sbin:/sbin"; missing=""; \
@@ -62,6 +64,13 @@ $(INSTALL_STAMP): pyproject.toml | $(PY)
 
 kafka-jars: $(INSTALL_STAMP)
 	@$(PY) -m headwater.services.kafka --fetch >/dev/null
+
+# MQTT.js, for the tests that drive a node from Node.js (node and npm come with system-packages).
+js-packages: system-packages $(JS_STAMP)
+
+$(JS_STAMP): $(JS_DIR)/package.json $(JS_DIR)/package-lock.json
+	cd $(JS_DIR) && npm ci --no-audit --no-fund
+	@touch $@
 
 test: install
 	$(VENV)/bin/ruff check .

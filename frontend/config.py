@@ -27,6 +27,35 @@ class ConfigError(ValueError):
     """A setting that stops start-up; the message names the flag and variable."""
 
 
+LISTENER_KINDS = ("mqtt", "mqtts", "ws", "wss")
+"""MQTT over TCP, over TLS, over WebSocket (path ``/mqtt``) and over secure WebSocket."""
+
+
+@dataclass(slots=True)
+class Listener:
+    """One front door of a node (``frontend.listeners``)."""
+
+    kind: str
+    host: str
+    port: int
+    """0 until started: the port the system chose is written back."""
+
+
+@dataclass(slots=True)
+class TlsFiles:
+    """What the TLS listeners (``mqtts``, ``wss``) serve with; Mosquitto's listener settings."""
+
+    certfile: str
+    keyfile: str
+    cafile: str | None = None
+    """CA of client certificates: a certificate a client presents is verified against it."""
+    require_certificate: bool = False
+    """Refuse the TLS handshake of a client without a valid certificate."""
+    use_identity_as_username: bool = False
+    """The client certificate's CN is the user name, and no password is asked (implies
+    ``require_certificate``)."""
+
+
 @dataclass(slots=True)
 class NodeConfig:
     node_id: str
@@ -40,6 +69,14 @@ class NodeConfig:
     max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
     connect_timeout: float = 15.0
     password_file: str | None = None
+    acl_file: str | None = None
+    listeners: list[Listener] = field(default_factory=list)
+    """Front doors besides the plain MQTT one at ``host``:``port``."""
+    tls: TlsFiles | None = None
+    proxy_protocol: bool = False
+    """Every listener expects a PROXY protocol v1 or v2 header first (from a load balancer)."""
+    max_connections: int = 0
+    """Connections at once, at most; 0: no bound."""
     redis_prefix: str = "hw:"
     redis_connections: int = 50
     """Connections to Redis at most; more requests at once wait for one (never refused)."""
@@ -65,6 +102,60 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen",
         default=_env("LISTEN", "127.0.0.1:1883"),
         help="host:port to serve MQTT on [HEADWATER_LISTEN]",
+    )
+    for kind, what in (
+        ("tls", "MQTT over TLS"),
+        ("ws", "MQTT over WebSocket at /mqtt"),
+        ("wss", "MQTT over secure WebSocket at /mqtt"),
+    ):
+        flag = f"--{kind}-listen"
+        p.add_argument(
+            flag,
+            default=_env(f"{kind.upper()}_LISTEN"),
+            help=f"host:port to serve {what} on; off when unset [{_env_name(flag)}]",
+        )
+    p.add_argument(
+        "--certfile",
+        default=_env("CERTFILE"),
+        help="server certificate (PEM) of the TLS listeners [HEADWATER_CERTFILE]",
+    )
+    p.add_argument(
+        "--keyfile", default=_env("KEYFILE"), help="its private key (PEM) [HEADWATER_KEYFILE]"
+    )
+    p.add_argument(
+        "--cafile",
+        default=_env("CAFILE"),
+        help="CA that client certificates are verified against [HEADWATER_CAFILE]",
+    )
+    p.add_argument(
+        "--require-certificate",
+        action="store_const",
+        const="yes",
+        default=_env("REQUIRE_CERTIFICATE", "no"),
+        help="TLS clients must present a certificate signed by --cafile "
+        "[HEADWATER_REQUIRE_CERTIFICATE=yes]",
+    )
+    p.add_argument(
+        "--use-identity-as-username",
+        action="store_const",
+        const="yes",
+        default=_env("USE_IDENTITY_AS_USERNAME", "no"),
+        help="a TLS client certificate's CN is its user name (implies "
+        "--require-certificate) [HEADWATER_USE_IDENTITY_AS_USERNAME=yes]",
+    )
+    p.add_argument(
+        "--proxy-protocol",
+        action="store_const",
+        const="yes",
+        default=_env("PROXY_PROTOCOL", "no"),
+        help="every listener expects a PROXY protocol v1/v2 header first, as a load "
+        "balancer sends it [HEADWATER_PROXY_PROTOCOL=yes]",
+    )
+    p.add_argument(
+        "--max-connections",
+        default=_env("MAX_CONNECTIONS", "0"),
+        help="connections at once; more are closed at accept; 0: no bound "
+        "[HEADWATER_MAX_CONNECTIONS]",
     )
     p.add_argument(
         "--kafka-bootstrap",
@@ -126,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="messages queued per client [HEADWATER_MAX_QUEUED]",
     )
     p.add_argument(
+        "--max-subscriptions",
+        default=_env("MAX_SUBSCRIPTIONS", "0"),
+        help="topic filters per client; a SUBSCRIBE beyond is refused (0x80); 0: no bound "
+        "[HEADWATER_MAX_SUBSCRIPTIONS]",
+    )
+    p.add_argument(
         "--session-expiry",
         default=_env("SESSION_EXPIRY", f"{DEFAULT_EXPIRY:g}"),
         help="seconds a persistent session is kept once its client is gone; 0: forever "
@@ -134,7 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--password-file",
         default=_env("PASSWORD_FILE"),
-        help="user:sha256-hex lines; anonymous clients refused [HEADWATER_PASSWORD_FILE]",
+        help="a mosquitto_passwd file (see `headwater passwd`); anonymous clients refused; "
+        "reread on SIGHUP [HEADWATER_PASSWORD_FILE]",
+    )
+    p.add_argument(
+        "--acl-file",
+        default=_env("ACL_FILE"),
+        help="a Mosquitto acl_file; reread on SIGHUP [HEADWATER_ACL_FILE]",
     )
     p.add_argument(
         "--stats-listen",
@@ -197,17 +300,25 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     stats_host, stats_port = (
         _address(args.stats_listen, "--stats-listen") if args.stats_listen else (None, "0")
     )
-    if args.password_file and not os.path.isfile(args.password_file):
-        raise ConfigError(
-            f"--password-file / HEADWATER_PASSWORD_FILE: no file {args.password_file}"
-        )
+    for flag in ("--password-file", "--acl-file"):
+        _existing_file(getattr(args, flag[2:].replace("-", "_")), flag)
     redis_cluster = _switch_setting(args.redis_cluster, "--redis-cluster")
     if redis_cluster and not args.redis_url:
         raise ConfigError("--redis-cluster / HEADWATER_REDIS_CLUSTER needs --redis-url")
     limits = Limits(
         max_inflight=_int_setting(args.max_inflight, "--max-inflight", 1, 65535),
         max_queued=_int_setting(args.max_queued, "--max-queued", 0, 10_000_000),
+        max_subscriptions=_int_setting(args.max_subscriptions, "--max-subscriptions", 0, 10**9),
     )
+    listeners = [
+        Listener(kind, *_listen_setting(value, flag))
+        for kind, flag in (
+            ("mqtts", "--tls-listen"),
+            ("ws", "--ws-listen"),
+            ("wss", "--wss-listen"),
+        )
+        if (value := getattr(args, flag[2:].replace("-", "_")))
+    ]
     return NodeConfig(
         node_id=args.node_id,
         host=host,
@@ -229,5 +340,48 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
             args.max_packet_size, "--max-packet-size", 2, DEFAULT_MAX_PACKET_SIZE
         ),
         password_file=args.password_file,
+        acl_file=args.acl_file,
+        listeners=listeners,
+        tls=_tls_setting(args, listeners),
+        proxy_protocol=_switch_setting(args.proxy_protocol, "--proxy-protocol"),
+        max_connections=_int_setting(args.max_connections, "--max-connections", 0, 10**7),
         limits=limits,
+    )
+
+
+def _existing_file(path: str | None, flag: str) -> str | None:
+    if path and not os.path.isfile(path):
+        raise ConfigError(f"{flag} / {_env_name(flag)}: no file {path}")
+    return path
+
+
+def _listen_setting(value: str, flag: str) -> tuple[str, int]:
+    host, port = _address(value, flag)
+    return host, _int_setting(port, flag, 0, 65535)
+
+
+def _tls_setting(args: argparse.Namespace, listeners: list[Listener]) -> TlsFiles | None:
+    """The certificate files, required when a TLS listener is on and checked to exist."""
+    secure = [
+        f"--{'tls' if lst.kind == 'mqtts' else 'wss'}-listen"
+        for lst in listeners
+        if lst.kind in ("mqtts", "wss")
+    ]
+    if not secure:
+        return None
+    for flag in ("--certfile", "--keyfile"):
+        if not getattr(args, flag[2:]):
+            raise ConfigError(f"{flag} / {_env_name(flag)} is required by {secure[0]}")
+        _existing_file(getattr(args, flag[2:]), flag)
+    identity = _switch_setting(args.use_identity_as_username, "--use-identity-as-username")
+    required = _switch_setting(args.require_certificate, "--require-certificate") or identity
+    if required and not args.cafile:
+        flag = "--use-identity-as-username" if identity else "--require-certificate"
+        raise ConfigError(f"{flag} / {_env_name(flag)} needs --cafile")
+    return TlsFiles(
+        args.certfile,
+        args.keyfile,
+        _existing_file(args.cafile, "--cafile"),
+        require_certificate=required,
+        use_identity_as_username=identity,
     )

@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from frontend import outages
-from frontend.auth import Authenticator
+from frontend.auth import Access, Auth
 from frontend.deadlines import Deadlines
 from frontend.mqtt import channel as ch
 from frontend.mqtt.codec import Decoder
 from frontend.mqtt.errors import ProtocolError
 from frontend.mqtt.message import MessageStamps
-from frontend.mqtt.packets import ConnackCode, Packet, Pubrel
+from frontend.mqtt.packets import ConnackCode, Connect, Packet, Pubrel
 from frontend.mqtt.session import Outbound
 from frontend.publishing import Log, Publishing
 from frontend.sessions.manager import Owned, SessionManager
@@ -58,13 +58,21 @@ class Services:
     limits: ch.Limits
     max_packet_size: int
     connect_timeout: float
-    auth: Authenticator
+    auth: Auth
     log: Log
     sessions: SessionManager
     dispatcher: Dispatcher
     deadlines: Deadlines = field(default_factory=Deadlines)
     connections: set[MqttConnection] = field(default_factory=set)
     protocol_errors: int = 0
+    subscriptions_refused: int = 0
+    """SUBSCRIBE filters refused for ``Limits.max_subscriptions``."""
+    connect_timeouts: int = 0
+    """Connections closed for sending no CONNECT within ``connect_timeout``."""
+    certificate_identity: Callable[[asyncio.BaseTransport], str | None] | None = None
+    """Set with ``--use-identity-as-username`` (``frontend.listeners.certificate_identity``): a
+    client's user name is its TLS certificate's identity and no password is checked; a client
+    without one (any client of a plain listener among them) gets CONNACK 5."""
 
 
 class _Output:
@@ -97,10 +105,10 @@ class _Output:
             transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
 
 
-def _who(channel: ch.Channel, transport: asyncio.Transport | None) -> str:
+def _who(connection: MqttConnection) -> str:
     """The client id and address, for logs (the address looked up when needed, not kept)."""
-    peer = transport.get_extra_info("peername") if transport else None
-    return f"{channel.client_id or '-'} ({f'{peer[0]}:{peer[1]}' if peer else '?'})"
+    peer = connection.address()
+    return f"{connection.channel.client_id or '-'} ({f'{peer[0]}:{peer[1]}' if peer else '?'})"
 
 
 class _Input(Decoder):
@@ -143,6 +151,7 @@ class _Input(Decoder):
     def expire(self) -> None:
         channel = self.connection.channel
         if channel.state is ch.State.CONNECTING:
+            self.connection.services.connect_timeouts += 1
             self.connection.run(channel.connection_lost("no CONNECT in time"))
         elif channel.state is ch.State.CONNECTED:
             self.connection.run(channel.keep_alive_expired())
@@ -157,6 +166,30 @@ class _Input(Decoder):
                 transport.resume_reading()
 
 
+def _login(
+    services: Services, transport: asyncio.BaseTransport | None, connect: Connect, client_id: str
+) -> tuple[Access | None, int, str]:
+    """What a client may do, or the CONNACK code refusing it and why.  It is known by its
+    CONNECT's user name and password, or with ``certificate_identity`` by its certificate's,
+    no password asked (Mosquitto's ``use_identity_as_username``); its will must be a message it
+    may publish."""
+    auth, username = services.auth, connect.username
+    if services.certificate_identity is None:
+        code = auth.check(username, connect.password)
+        if code != ConnackCode.ACCEPTED:
+            return None, code, "authentication failed"
+    else:
+        username = services.certificate_identity(transport) if transport is not None else None
+        if username is None:
+            auth.denied_connects += 1
+            return None, ConnackCode.NOT_AUTHORIZED, "no client certificate identity"
+    access = auth.access(client_id, username)
+    if connect.will is not None and not access.may_publish(connect.will.topic):
+        auth.denied_connects += 1
+        return None, ConnackCode.NOT_AUTHORIZED, f"may not publish a will to {connect.will.topic}"
+    return access, ConnackCode.ACCEPTED, ""
+
+
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
         "_busy",
@@ -166,6 +199,7 @@ class MqttConnection(asyncio.Protocol):
         "_output",
         "channel",
         "owned",
+        "peer",
         "publishing",
         "services",
         "transport",
@@ -178,6 +212,9 @@ class MqttConnection(asyncio.Protocol):
         """Made at the first PUBLISH (or PUBREL): most devices of a fleet only listen."""
         self.transport: asyncio.Transport | None = None
         self.owned: Owned | None = None
+        self.peer: tuple[str, int] | None = None
+        """The client's address when a load balancer's PROXY header gave it
+        (``frontend.listeners``); else the socket's peer is."""
         self._loop = asyncio.get_running_loop()
         self._busy = False
         self._output = _Output(self._loop)
@@ -223,9 +260,19 @@ class MqttConnection(asyncio.Protocol):
             for data in self.channel.session.drain():
                 self._output.write(data)
 
+    def address(self) -> tuple[str, int] | None:
+        """The client's address: as the load balancer saw it, or the socket's peer."""
+        if self.peer is not None:
+            return self.peer
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return (peer[0], peer[1]) if peer else None
+
     # -- the dispatcher's and the session manager's view ----------------------------------------
 
     def deliver(self, out: Outbound) -> None:
+        if not self.channel.permissions.may_read(out.message.topic):
+            out.done()  # the ACL says no (its counter counts it): as good as delivered
+            return
         session = self.channel.session
         publishing = self.publishing
         if session is None or (publishing is not None and publishing.defer_own(out)):
@@ -284,7 +331,7 @@ class MqttConnection(asyncio.Protocol):
     def _fail(self, error: ProtocolError) -> None:
         if self._closed:
             return
-        log.warning("client %s: %s", _who(self.channel, self.transport), error)
+        log.warning("client %s: %s", _who(self), error)
         self.services.protocol_errors += 1
         self.run(self.channel.handle_error(error))
 
@@ -339,9 +386,9 @@ class MqttConnection(asyncio.Protocol):
 
     async def _open_session(self, action: ch.OpenSession) -> None:
         services, connect = self.services, action.connect
-        code = services.auth.check(connect.username, connect.password)
-        if code != ConnackCode.ACCEPTED:
-            self.run(self.channel.session_refused(code, "authentication failed"))
+        access, code, reason = _login(services, self.transport, connect, action.client_id)
+        if access is None:
+            self.run(self.channel.session_refused(code, reason))
             return
         if not services.log.available:
             self.run(outages.kafka_unavailable_at_connect(self.channel))
@@ -356,7 +403,7 @@ class MqttConnection(asyncio.Protocol):
         if opened is None:
             return
         self.owned, present = opened
-        self.run(self.channel.session_opened(self.owned.session, present))
+        self.run(self.channel.session_opened(self.owned.session, present, access))
         services.deadlines.watch(self._input)  # the keep-alive from now on
 
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
@@ -370,6 +417,7 @@ class MqttConnection(asyncio.Protocol):
         except outages.LOG_ERRORS as exc:
             self.run(outages.subscribe_failed(self.channel, action, exc))
             return
+        self.services.subscriptions_refused += action.over_limit
         self.run(self.channel.subscribed(action))
         try:
             await sessions.subscribed(self.owned, action.granted, new, starts)
@@ -381,9 +429,9 @@ class MqttConnection(asyncio.Protocol):
     def _close(self, action: ch.Close) -> None:
         if action.publish_will:
             will = self.channel.take_will()
-            if will is not None:
-                self.services.sessions.wills.publish(will)
-        log.info("client %s closed: %s", _who(self.channel, self.transport), action.reason)
+            if will is not None and self.channel.permissions.may_publish(will.topic):
+                self.services.sessions.wills.publish(will)  # the rules of now (SIGHUP)
+        log.info("client %s closed: %s", _who(self), action.reason)
         self._output.flush()
         self._closed = True
         if self.transport is not None:

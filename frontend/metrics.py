@@ -34,12 +34,26 @@ COUNTERS = {
     "produce_errors": "Messages the log failed to write.",
     "undecodable_records": "Records in the log that could not be decoded (skipped).",
     "protocol_errors": "Connections closed for a protocol violation.",
+    "connects_denied": "CONNECTs refused: bad credentials, none, or a will the ACL denies.",
+    "publishes_denied": "PUBLISH packets the ACL denied (acknowledged, never written).",
+    "subscriptions_denied": "SUBSCRIBE filters the ACL denied (0x80).",
+    "deliveries_denied": "Messages a subscription matched that the ACL let the client not read.",
+    "subscriptions_over_limit": "SUBSCRIBE filters refused for --max-subscriptions (0x80).",
+    "refused_max_connections": "Connections closed at accept for --max-connections.",
+    "proxy_header_errors": "Connections closed for a malformed, truncated or missing PROXY header.",
+    "handshake_timeouts": "Connections without their PROXY header, TLS handshake or WebSocket "
+    "upgrade done within the connect timeout.",
+    "tls_handshake_failures": "TLS handshakes that failed (not TLS, bad or missing certificate).",
+    "websocket_upgrades_refused": "HTTP requests refused an upgrade (path, subprotocol, headers).",
+    "websocket_errors": "WebSocket connections closed for a text or malformed frame.",
+    "connect_timeouts": "Connections closed for sending no CONNECT within the connect timeout.",
     "wills_published": "Wills published.",
     "orphaned_wills_published": "Wills of connections whose node died, published here.",
     "wills_lost": "Wills the producer could not take.",
 }
 
 GAUGES = {
+    "connections_arriving": "Connections in their PROXY header, TLS handshake or upgrade now.",
     "clients": "Connected clients.",
     "clients_behind": "Clients reading on from the log now.",
     "sessions_catching_up": "Sessions the catch-up consumer is reading for now.",

@@ -4,11 +4,13 @@ The parts, bottom up: the log (``router.log``: the producer and the one reader),
 (``router.dispatch``: who on this node receives what), the stores (sessions in
 ``frontend.sessions``, retained messages in ``frontend.retained``: in memory for one node, in
 Redis for a cluster), the session manager (``frontend.sessions.manager``), the cluster
-coordinator (``frontend.cluster``: liveness, takeover inbox, will sweep), and the listening
-socket whose connections are :class:`frontend.connection.MqttConnection`.
+coordinator (``frontend.cluster``: liveness, takeover inbox, will sweep), and the listeners
+(``frontend.listeners``: MQTT over TCP, TLS, WebSocket, behind a PROXY header or not) whose
+connections are :class:`frontend.connection.MqttConnection`.
 
 Start-up fails fast with one line naming what is at fault (a bad flag or ``HEADWATER_*``
-variable, an unreachable Kafka, a missing log topic).  Shutdown (SIGINT/SIGTERM) stops accepting,
+variable, a password or ACL file line, an unreachable Kafka, a missing log topic).  SIGHUP
+rereads the password and ACL files (``frontend.auth``).  Shutdown (SIGINT/SIGTERM) stops accepting,
 closes every client as a server-side close (so their wills are published [MQTT-3.1.2-8]), flushes
 the producer and stops the reader.
 """
@@ -26,9 +28,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from frontend.auth import Authenticator, load_authenticator
+from frontend import listeners
+from frontend.auth import Auth
 from frontend.cluster import Coordinator
-from frontend.config import ConfigError, NodeConfig, build_parser, config_from_args
+from frontend.config import ConfigError, Listener, NodeConfig, build_parser, config_from_args
 from frontend.connection import MqttConnection, Services
 from frontend.retained import MemoryRetainedStore, RedisRetainedStore, RetainedStore
 from frontend.sessions.manager import SessionManager
@@ -63,7 +66,7 @@ class Node:
         config: NodeConfig,
         sessions: SessionStore | None = None,
         retained: RetainedStore | None = None,
-        auth: Authenticator | None = None,
+        auth: Auth | None = None,
     ) -> None:
         self.config = config
         self.router = Router(config.partitions, config.routing_depth)
@@ -86,12 +89,26 @@ class Node:
             config.limits,
             config.max_packet_size,
             config.connect_timeout,
-            auth or load_authenticator(config.password_file),
+            auth or Auth(config.password_file, config.acl_file),
             self.log,
             self.sessions,
             self.dispatcher,
         )
-        self._server: asyncio.Server | None = None
+        tls = config.tls
+        if tls is not None and tls.use_identity_as_username:
+            self.services.certificate_identity = listeners.certificate_identity
+        self.doors = listeners.Doors(
+            lambda: MqttConnection(self.services),
+            lambda: len(self.services.connections),
+            self.services.deadlines,
+            config.connect_timeout,
+            tls=listeners.tls_context(tls) if tls is not None else None,
+            proxy_protocol=config.proxy_protocol,
+            max_connections=config.max_connections,
+        )
+        self.endpoints = [Listener("mqtt", config.host, config.port), *config.listeners]
+        """Every front door; the ports chosen for port 0 are written back at start."""
+        self._servers: list[asyncio.Server] = []
         self._stats_server: asyncio.Server | None = None
         self._redis: RedisClient | None = None
 
@@ -106,22 +123,25 @@ class Node:
         if self.sessions.coordinator is not None:
             await self.sessions.coordinator.sweep_dead_nodes()
         self.sessions.start()
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: MqttConnection(self.services),
-            self.config.host,
-            self.config.port,
-            reuse_address=True,
-            backlog=LISTEN_BACKLOG,
-        )
-        sock = self._server.sockets[0].getsockname()
-        self.config.port = sock[1]
+        for listener in self.endpoints:
+            self._servers.append(await listeners.serve(listener, self.doors, LISTEN_BACKLOG))
+        self.config.port = self.endpoints[0].port
         if self.config.stats_host is not None:
             self._stats_server = await serve_stats(
                 self.stats, self.not_ready, self.config.stats_host, self.config.stats_port
             )
             self.config.stats_port = self._stats_server.sockets[0].getsockname()[1]
-        log.info("node %s serving MQTT on %s:%s", self.config.node_id, sock[0], sock[1])
+        log.info("node %s serving %s", self.config.node_id, self.describe_listeners())
+
+    @property
+    def listening(self) -> dict[str, int]:
+        """Kind (``mqtt``, ``mqtts``, ``ws``, ``wss``) -> the port it is served on."""
+        return self.doors.listening
+
+    def describe_listeners(self) -> str:
+        proxied = " behind PROXY headers" if self.config.proxy_protocol else ""
+        doors = ", ".join(f"{lst.kind} on {lst.host}:{lst.port}" for lst in self.endpoints)
+        return doors + proxied
 
     async def _connect_redis(self, url: str) -> None:
         client = self._cluster_client(url) if self.config.redis_cluster else self._client(url)
@@ -167,13 +187,25 @@ class Node:
             socket_connect_timeout=5,
         )
 
+    def reload(self) -> None:
+        """Reread the password and ACL files (SIGHUP): connected clients stay, and are judged by
+        the new rules from their next packet on; a file that does not load keeps its old rules."""
+        self.services.auth.reload()
+
     def stats(self) -> dict[str, Any]:
-        return snapshot(self.config.node_id, self.router, self.log, self.dispatcher, self.services)
+        return snapshot(
+            self.config.node_id,
+            self.router,
+            self.log,
+            self.dispatcher,
+            self.services,
+            doors=self.doors,
+        )
 
     def not_ready(self) -> list[str]:
         """Why this node should not be given new clients now (``GET /ready``); none: it should."""
         reasons = []
-        if self._server is None or not self._server.is_serving():
+        if not self._servers or not all(server.is_serving() for server in self._servers):
             reasons.append("not accepting connections")
         if not self.log.available:
             reasons.append("Kafka is not writable")
@@ -183,8 +215,9 @@ class Node:
         return reasons
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
+        self.doors.close()
         if self._stats_server is not None:
             self._stats_server.close()
         for connection in list(self.connections):
@@ -199,8 +232,8 @@ class Node:
             await self.sessions.coordinator.stop()
         if self._redis is not None:
             await self._redis.aclose()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
 
 
 class QueuedCluster(RedisCluster):
@@ -229,13 +262,17 @@ async def serve(config: NodeConfig) -> None:
     node = Node(config)
     await node.start()
     stats = f", stats on {config.stats_host}:{config.stats_port}" if config.stats_host else ""
+    others = ", ".join(f"{lst.kind} on {lst.host}:{lst.port}" for lst in node.endpoints[1:])
+    others = f" ({others})" if others else ""
     print(
-        f"headwater node {config.node_id} ready on {config.host}:{config.port}{stats}", flush=True
+        f"headwater node {config.node_id} ready on {config.host}:{config.port}{others}{stats}",
+        flush=True,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, node.reload)
     await stop.wait()
     log.info("node %s shutting down", config.node_id)
     await node.stop()

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from frontend.connection import Services
+from frontend.listeners import Doors
 from frontend.metrics import CONTENT_TYPE, exposition
 from router.dispatch import Dispatcher
 from router.log import KafkaLog
@@ -30,7 +31,13 @@ log = logging.getLogger("headwater.stats")
 
 
 def snapshot(
-    node_id: str, router: Router, klog: KafkaLog, dispatcher: Dispatcher, services: Services
+    node_id: str,
+    router: Router,
+    klog: KafkaLog,
+    dispatcher: Dispatcher,
+    services: Services,
+    *,
+    doors: Doors,
 ) -> dict[str, Any]:
     reader, counters, sessions = klog.reader, dispatcher.counters, services.sessions
     positions = reader.positions()
@@ -61,6 +68,15 @@ def snapshot(
         "produce_errors": klog.produce_errors,
         "undecodable_records": reader.undecodable,
         "protocol_errors": services.protocol_errors,
+        "connects_denied": services.auth.denied_connects,
+        "publishes_denied": services.auth.denied_publishes,
+        "subscriptions_denied": services.auth.denied_subscriptions,
+        "deliveries_denied": services.auth.denied_reads,
+        "subscriptions_over_limit": services.subscriptions_refused,
+        "listeners": dict(doors.listening),
+        "connections_arriving": len(doors.arriving),
+        **doors.refused,
+        "connect_timeouts": services.connect_timeouts,
         "wills_published": sessions.wills.published,
         "orphaned_wills_published": sessions.wills.orphaned,
         "wills_lost": sessions.wills.lost,

@@ -56,6 +56,10 @@ def _dev_up(args: argparse.Namespace) -> int:
         kafka_brokers=args.kafka_brokers,
         replication_factor=args.replication_factor,
         min_insync_replicas=args.min_insync_replicas,
+        tls_port=args.tls_port,
+        ws_port=args.ws_port,
+        password_file=args.password_file,
+        acl_file=args.acl_file,
     )
     return run_up(options)
 
@@ -107,6 +111,13 @@ def run_analytics(argv: list[str]) -> int:
     return int(analytics_main(argv))
 
 
+def run_passwd(argv: list[str]) -> int:
+    """Manage a Mosquitto password file; its flags (mosquitto_passwd's) are parsed there."""
+    from headwater.passwd import main as passwd_main
+
+    return passwd_main(argv)
+
+
 def _add_replication(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--replication-factor",
@@ -137,6 +148,14 @@ def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help=f"local Kafka brokers (${KAFKA_BROKERS_ENV}; default 1)",
     )
     _add_replication(up)
+    up.add_argument(
+        "--tls-port", type=int, default=8883, help="MQTT over TLS (default 8883; 0: off)"
+    )
+    up.add_argument(
+        "--ws-port", type=int, default=8080, help="MQTT over WebSocket (default 8080; 0: off)"
+    )
+    up.add_argument("--password-file", type=Path, help="a mosquitto_passwd file for every node")
+    up.add_argument("--acl-file", type=Path, help="a Mosquitto acl_file for every node")
     up.add_argument("--foreground", action="store_true", help="the default: stay attached")
     up.set_defaults(handler=_dev_up)
     down = dev_commands.add_parser("down", help="stop a running `dev up`")
@@ -169,6 +188,24 @@ def _add_stats(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=_stats)
 
 
+def _certs(args: argparse.Namespace) -> int:
+    from headwater.certs import DEV_HOSTS, ensure_dev_certs
+
+    certs = ensure_dev_certs(args.dir, (*DEV_HOSTS, *args.host))
+    print(f"headwater: CA certificate {certs.cafile}")
+    print(f"headwater: server certificate {certs.server.cert}, key {certs.server.key}")
+    return 0
+
+
+def _add_certs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("certs", help="a dev CA and server certificate (kept if there)")
+    parser.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR / "certs")
+    parser.add_argument(
+        "--host", action="append", default=[], help="another name of the server (repeatable)"
+    )
+    parser.set_defaults(handler=_certs)
+
+
 class _WarningPrinter(logging.Handler):
     """Prints a warning of the tooling as `headwater: warning: <message>` on the current stderr."""
 
@@ -188,8 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dev(commands)
     _add_topics(commands)
     _add_stats(commands)
+    _add_certs(commands)
     commands.add_parser("frontend", help="run one front-end node (flags: see frontend --help)")
     commands.add_parser("analytics", help="run a Spark job on the log (see analytics --help)")
+    commands.add_parser("passwd", help="manage a Mosquitto password file (see passwd --help)")
     return parser
 
 
@@ -200,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_frontend(args_list[1:])
         if args_list[:1] == ["analytics"]:
             return run_analytics(args_list[1:])
+        if args_list[:1] == ["passwd"]:
+            return run_passwd(args_list[1:])
         args = build_parser().parse_args(args_list)
         _install_warning_printer()
         handler: Handler = args.handler

@@ -21,6 +21,11 @@ CLOSED      nothing is processed
 Replies that depend on the log (PUBACK, PUBREC) are sent only once the write is durable, and in
 the order the PUBLISH packets arrived [MQTT-4.6.0-2, MQTT-4.6.0-3], whatever order Kafka confirms
 them in.  One place, :meth:`Channel.handle_error`, decides the wire reaction to an error.
+
+What a client may do is asked of its :class:`Permissions` (``frontend.auth``), given with the
+session: a SUBSCRIBE filter it may not read gets 0x80 while the others in the packet are granted;
+a PUBLISH it may not make is acknowledged as usual and never written (Mosquitto's behaviour for
+MQTT 3.1.1, which has no way to say "denied").
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from frontend.mqtt import topics
 from frontend.mqtt.codec import encode
@@ -109,6 +114,8 @@ class AddSubscriptions:
     packet_id: int
     granted: list[tuple[str, int]]
     return_codes: tuple[int, ...]
+    over_limit: int = 0
+    """Filters refused because the session holds ``Limits.max_subscriptions`` already."""
 
 
 @dataclass(slots=True)
@@ -121,6 +128,32 @@ class RemoveSubscriptions:
 Action = Send | Close | OpenSession | Produce | AddSubscriptions | RemoveSubscriptions
 
 PINGRESP = encode(Pingresp())
+
+
+class Permissions(Protocol):
+    """What one client may do (``frontend.auth.Access``)."""
+
+    def may_publish(self, topic: str) -> bool: ...
+
+    def may_subscribe(self, topic_filter: str) -> bool: ...
+
+    def may_read(self, topic: str) -> bool: ...
+
+
+class Unrestricted:
+    """Permissions of a channel given none: everything is allowed."""
+
+    def may_publish(self, topic: str) -> bool:
+        return True
+
+    def may_subscribe(self, topic_filter: str) -> bool:
+        return True
+
+    def may_read(self, topic: str) -> bool:
+        return True
+
+
+UNRESTRICTED = Unrestricted()
 
 
 @dataclass(slots=True)
@@ -140,13 +173,8 @@ class Limits:
     max_client_id_length: int = 65535
     max_pending_publishes: int = 1000
     """PUBLISH packets awaiting the log before the connection stops reading."""
-
-
-@dataclass(slots=True)
-class _Subscribing:
-    packet_id: int
-    return_codes: tuple[int, ...]
-    granted: list[tuple[str, int]] = field(default_factory=list)
+    max_subscriptions: int = 0
+    """Topic filters one session may hold; a SUBSCRIBE beyond is refused (0x80); 0: no bound."""
 
 
 def will_message(will: Will, client_id: str, stamps: MessageStamps) -> Message:
@@ -160,13 +188,13 @@ class Channel:
     __slots__ = (
         "_next_ticket",
         "_replies",
-        "_subscribing",
         "_tickets",
         "_will",
         "client_id",
         "connect",
         "keep_alive",
         "limits",
+        "permissions",
         "session",
         "stamps",
         "state",
@@ -179,13 +207,13 @@ class Channel:
         self.client_id = ""
         self.connect: Connect | None = None
         self.session: Session | None = None
+        self.permissions: Permissions = UNRESTRICTED
         self.keep_alive = 0
         self._will: Will | None = None
         self._replies: deque[_PendingReply] | None = None
         """Made at the first PUBLISH: an empty deque takes 760 bytes."""
         self._tickets: dict[int, _PendingReply] = {}
         self._next_ticket = 0
-        self._subscribing: _Subscribing | None = None
 
     # -- input --------------------------------------------------------------------------------
 
@@ -263,12 +291,15 @@ class Channel:
         self.state = State.OPENING
         return [OpenSession(connect, client_id)]
 
-    def session_opened(self, session: Session, present: bool) -> list[Action]:
+    def session_opened(
+        self, session: Session, present: bool, permissions: Permissions = UNRESTRICTED
+    ) -> list[Action]:
         """The session is ours: CONNACK 0, then whatever the resumed session owes the client."""
         if self.state is not State.OPENING:
             return []
         assert self.connect is not None
         self.session = session
+        self.permissions = permissions
         self._will, self.connect = self.connect.will, None  # what else it said is not kept
         self.state = State.CONNECTED
         connack = Send(encode(Connack(present, ConnackCode.ACCEPTED)))
@@ -285,6 +316,8 @@ class Channel:
 
     def _on_publish(self, publish: Publish) -> list[Action]:
         topics.validate_topic_name(publish.topic)
+        if not self.permissions.may_publish(publish.topic):
+            return self._drop(publish)
         message = self.stamps.message(
             publish.topic, publish.payload, publish.qos, publish.retain, self.client_id
         )
@@ -308,8 +341,14 @@ class Channel:
         self._replies.append(pending)
         return self._next_ticket
 
+    def _drop(self, publish: Publish) -> list[Action]:
+        """A PUBLISH the client may not make: acknowledged, in order, never written."""
+        if publish.qos == 0 or publish.packet_id is None:
+            return []
+        return self._reply_again((Puback if publish.qos == 1 else Pubrec)(publish.packet_id))
+
     def _reply_again(self, reply: Packet) -> list[Action]:
-        """A DUP of a QoS 2 PUBLISH already taken: PUBREC again, in order, never re-publish."""
+        """A reply owed without a write (DUP QoS 2, PUBREL, denied): sent after any awaiting one."""
         if not self._replies:
             return [Send(encode(reply))]
         self._replies.append(_PendingReply(reply, b"", done=True))
@@ -357,23 +396,14 @@ class Channel:
     # -- SUBSCRIBE / UNSUBSCRIBE ------------------------------------------------------------------
 
     def _on_subscribe(self, subscribe: Subscribe) -> list[Action]:
-        granted: list[tuple[str, int]] = []
-        codes: list[int] = []
-        for topic_filter, qos in subscribe.topics:
-            if topics.is_valid_filter(topic_filter):
-                granted.append((topic_filter, qos))
-                codes.append(qos)
-            else:
-                codes.append(SUBACK_FAILURE)  # [MQTT-3.9.3-2]
-        return [AddSubscriptions(subscribe.packet_id, granted, tuple(codes))]
+        assert self.session is not None
+        return [_grant(subscribe, self.session, self.limits, self.permissions)]
 
     def subscribed(self, request: AddSubscriptions, failed: bool = False) -> list[Action]:
         """The SUBACK for ``request``; the connection sends matching retained messages after it
         [MQTT-3.3.1-6].  ``failed``: the subscriptions could not be registered, every code is
         0x80."""
-        codes = request.return_codes
-        if failed:
-            codes = tuple(SUBACK_FAILURE for _ in codes)
+        codes = (SUBACK_FAILURE,) * len(request.return_codes) if failed else request.return_codes
         return [Send(encode(Suback(request.packet_id, codes)))]
 
     def _on_unsubscribe(self, unsubscribe: Unsubscribe) -> list[Action]:
@@ -401,6 +431,33 @@ class Channel:
                     self.session.release_qos2(pending.packet.packet_id)
         self._tickets.clear()
         self._replies = None
+
+
+def _grant(
+    subscribe: Subscribe, session: Session, limits: Limits, permissions: Permissions
+) -> AddSubscriptions:
+    """Which filters of ``subscribe`` are granted: valid ones [MQTT-3.9.3-2] the client may
+    subscribe to, while the session has room for them under ``Limits.max_subscriptions`` (filters
+    it holds already take none); the others get 0x80."""
+    held, bound = session.subscriptions, limits.max_subscriptions
+    room = bound - len(held) if bound else None
+    added: set[str] = set()  # new filters, counted against the room
+    granted: list[tuple[str, int]] = []
+    codes: list[int] = []
+    over = 0
+    for topic_filter, qos in subscribe.topics:
+        if not topics.is_valid_filter(topic_filter) or not permissions.may_subscribe(topic_filter):
+            codes.append(SUBACK_FAILURE)
+            continue
+        if room is not None and topic_filter not in held and topic_filter not in added:
+            if len(added) >= room:
+                codes.append(SUBACK_FAILURE)
+                over += 1
+                continue
+            added.add(topic_filter)
+        granted.append((topic_filter, qos))
+        codes.append(qos)
+    return AddSubscriptions(subscribe.packet_id, granted, tuple(codes), over)
 
 
 _HANDLERS: dict[type, Callable[[Channel, Any], list[Action]]] = {

@@ -1,6 +1,7 @@
 """`headwater dev up` / `dev down`: a whole Headwater cluster on one machine, for development.
 
-`up` starts, in order, Kafka, Redis, the project's topics, N front-end nodes and HAProxy, recording
+`up` makes the dev CA on first use, then starts, in order, Kafka, Redis, the project's topics, N
+front-end nodes and HAProxy (plain MQTT, TLS and WebSocket ports, PROXY v2 to the nodes), recording
 each child in a state file as soon as it runs; it stops them in reverse order on Ctrl-C or SIGTERM.
 `down` signals a running `up` through that state file, and kills whatever a dead `up` left behind.
 """

@@ -1,20 +1,51 @@
 """Front-end nodes of a dev cluster: how one is launched and when it counts as up.
 
-A node is `python -m frontend` with the flags below (the contract with frontend/__main__.py).
-It is up once its listening port accepts TCP connections; if it exits first, its log tail says why.
+A node is `python -m frontend` with the flags below (the contract with frontend/config.py): a
+plain MQTT listener, optionally MQTT over TLS and over WebSocket, each on its own loopback port,
+and what every node of the cluster shares (`NodeSecurity`: certificate files, PROXY protocol,
+password and ACL files). A node is up once `GET /ready` on its stats port answers 200: its
+listeners are serving and Kafka and Redis answer. Its MQTT ports are not probed, because with
+`--proxy-protocol` a connection that sends no PROXY header is a broken one. If the node exits
+first, its log tail says why.
 """
 
 from __future__ import annotations
 
+import http.client
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from headwater.services.ports import LOOPBACK, free_port, port_accepts
+from headwater.services.ports import LOOPBACK, free_port
 from headwater.services.process import ChildProcess
 from headwater.services.readiness import wait_until
 from router.topics import MESSAGES_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSecurity:
+    """What every node of a cluster is given alike."""
+
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    cafile: Path | None = None
+    """The CA that client certificates, when a client presents one, are verified against."""
+    proxy_protocol: bool = False
+    """Every listener expects a PROXY protocol header first (HAProxy sends v2)."""
+    password_file: Path | None = None
+    acl_file: Path | None = None
+
+    def argv(self) -> list[str]:
+        files = [
+            ("--certfile", self.certfile),
+            ("--keyfile", self.keyfile),
+            ("--cafile", self.cafile),
+            ("--password-file", self.password_file),
+            ("--acl-file", self.acl_file),
+        ]
+        args = [arg for flag, path in files if path is not None for arg in (flag, str(path))]
+        return [*args, "--proxy-protocol"] if self.proxy_protocol else args
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +58,11 @@ class NodeSpec:
     redis_url: str
     partitions: int
     stats_port: int
+    tls_port: int = 0
+    """MQTT over TLS; 0: no such listener."""
+    ws_port: int = 0
+    """MQTT over WebSocket (path /mqtt); 0: no such listener."""
+    security: NodeSecurity = field(default_factory=NodeSecurity)
 
     @property
     def address(self) -> str:
@@ -41,20 +77,68 @@ class NodeSpec:
             sys.executable, "-m", "frontend",
             "--node-id", self.node_id,
             "--listen", self.address,
+            *self._listener_args(),
             "--kafka-bootstrap", self.kafka_bootstrap,
             "--redis-url", self.redis_url,
             "--topic", MESSAGES_TOPIC,
             "--partitions", str(self.partitions),
             "--stats-listen", f"{LOOPBACK}:{self.stats_port}",
+            *self.security.argv(),
         ]  # fmt: skip
 
+    def _listener_args(self) -> list[str]:
+        listeners = [("--tls-listen", self.tls_port), ("--ws-listen", self.ws_port)]
+        return [arg for flag, port in listeners if port for arg in (flag, f"{LOOPBACK}:{port}")]
 
-def node_specs(count: int, kafka_bootstrap: str, redis_url: str, partitions: int) -> list[NodeSpec]:
-    """`count` nodes named node0.. on fresh loopback ports."""
-    return [
-        NodeSpec(f"node{i}", free_port(), kafka_bootstrap, redis_url, partitions, free_port())
-        for i in range(count)
-    ]
+
+def node_specs(
+    count: int,
+    kafka_bootstrap: str,
+    redis_url: str,
+    partitions: int,
+    *,
+    tls: bool = False,
+    ws: bool = False,
+    security: NodeSecurity | None = None,
+) -> list[NodeSpec]:
+    """`count` nodes named node0.., each on fresh loopback ports: plain MQTT and stats, plus
+    TLS and WebSocket where asked."""
+    shared = security or NodeSecurity()
+    ports = _distinct_free_ports(count * 4)
+    specs = []
+    for i in range(count):
+        plain, stats, tls_port, ws_port = ports[4 * i : 4 * i + 4]
+        specs.append(
+            NodeSpec(
+                f"node{i}", plain, kafka_bootstrap, redis_url, partitions, stats,
+                tls_port=tls_port if tls else 0,
+                ws_port=ws_port if ws else 0,
+                security=shared,
+            )
+        )  # fmt: skip
+    return specs
+
+
+def _distinct_free_ports(count: int) -> list[int]:
+    """`count` free loopback ports, no two alike (the system may hand one out twice in a row)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def answers_ready(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> bool:
+    """True if `GET /ready` on host:port answers 200 (what HAProxy checks)."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("GET", "/ready")
+        return connection.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
 
 
 def launch_node(spec: NodeSpec, log_dir: Path) -> ChildProcess:
@@ -65,11 +149,11 @@ def launch_node(spec: NodeSpec, log_dir: Path) -> ChildProcess:
 def wait_node(
     spec: NodeSpec, child: ChildProcess, cancel: threading.Event, timeout: float = 30.0
 ) -> None:
-    """Return once the node's port accepts connections; stop it if it never does."""
+    """Return once the node answers ready; stop it if it never does."""
     try:
         wait_until(
-            lambda: port_accepts(spec.port),
-            what=f"front-end {spec.node_id} on {spec.address}",
+            lambda: answers_ready(spec.stats_port),
+            what=f"front-end {spec.node_id} on {spec.address} (ready on port {spec.stats_port})",
             timeout=timeout,
             child=child,
             cancel=cancel,

@@ -1,12 +1,18 @@
 """`headwater dev up`: start a whole cluster, hold it until told to stop, then stop it all.
 
-Order of start: checks first (port free, programs installed, settings valid: nothing is started if
-one fails), then Kafka, Redis, topics, front-end nodes, HAProxy. Kafka is `--kafka-brokers` local
-KRaft nodes or an external one; the topics' replication is checked against the broker count before
-anything starts, or for an external Kafka as soon as it answers. Each stop is pushed on an
+Order of start: checks first (ports free, programs installed, files present, settings valid:
+nothing is started if one fails), then the dev CA, Kafka, Redis, topics, front-end nodes, HAProxy.
+Kafka is `--kafka-brokers` local KRaft nodes or an external one; the topics' replication is
+checked against the broker count before anything starts, or for an external Kafka as soon as it
+answers. Each stop is pushed on an
 ExitStack as its service starts, so any failure, Ctrl-C or SIGTERM unwinds exactly what was
 started, newest first. Signals only set an Event; every wait polls it, so no signal interrupts a
 half-done step.
+
+HAProxy has up to three public ports (plain MQTT, MQTT over TLS, MQTT over WebSocket) and passes
+each through to the nodes' listeners of that kind with a PROXY v2 header, so every node runs with
+`--proxy-protocol`. TLS ends at the node, with a server certificate of the dev CA that the first
+start makes in `<state-dir>/certs` and later starts reuse; the CA's path is printed, for clients.
 
 While up, the children are watched: if one exits, the cluster is stopped and the exit reported.
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -25,7 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from headwater.devcluster.nodes import NodeSpec, launch_node, node_specs, wait_node
+from headwater.certs import DevCerts, ensure_dev_certs
+from headwater.devcluster.nodes import NodeSecurity, NodeSpec, launch_node, node_specs, wait_node
 from headwater.devcluster.state import (
     ClusterState,
     ProcessRecord,
@@ -47,11 +55,15 @@ from headwater.settings import (
     external_kafka_bootstrap,
     external_redis_url,
     kafka_brokers,
+    parse_port,
     replication,
 )
 from router.topics import Replication, project_topics
 
 PORT_SETTING = "--port / HEADWATER_PORT"
+DEFAULT_TLS_PORT = 8883
+DEFAULT_WS_PORT = 8080
+WS_PATH = "/mqtt"
 READY_LINE = "headwater: ready (Ctrl-C to stop)"
 
 
@@ -66,6 +78,21 @@ class UpOptions:
     kafka_brokers: int | None = None
     replication_factor: int | None = None
     min_insync_replicas: int | None = None
+    tls_port: int = 0
+    """HAProxy's MQTT over TLS port; 0: none (the command line's default is 8883)."""
+    ws_port: int = 0
+    """HAProxy's MQTT over WebSocket port; 0: none (the command line's default is 8080)."""
+    password_file: Path | None = None
+    acl_file: Path | None = None
+
+    def public_ports(self) -> list[tuple[int, str]]:
+        """HAProxy's ports that are on, each with the setting that names it."""
+        ports = [
+            (self.port, PORT_SETTING),
+            (self.tls_port, "--tls-port"),
+            (self.ws_port, "--ws-port"),
+        ]
+        return [(port, setting) for port, setting in ports if port]
 
 
 class DevCluster:
@@ -82,6 +109,7 @@ class DevCluster:
         self.stack = contextlib.ExitStack()
         self.children: list[ChildProcess] = []
         self.kafka_brokers = 0  # local brokers; 0 with an external Kafka
+        self.certs: DevCerts | None = None
         pid = os.getpid()
         self.state = ClusterState(parent=ProcessRecord("headwater dev up", pid, start_ticks(pid)))
 
@@ -96,7 +124,8 @@ class DevCluster:
     def preflight(self) -> None:
         """Fail before starting anything if a setting, port or program is wrong."""
         self.claim_state_dir()
-        ensure_port_free(self.options.port, PORT_SETTING)
+        check_ports(self.options)
+        check_files(self.options)
         self.kafka_brokers = self.local_brokers()
         if self.kafka_brokers:
             self.topic_replication(self.kafka_brokers)  # refuses one the brokers cannot give
@@ -123,6 +152,8 @@ class DevCluster:
         """Bring every service up, in dependency order."""
         self.preflight()
         self.stack.callback(remove_state, self.state_dir)
+        if self.options.tls_port:
+            self.certs = ensure_dev_certs(self.state_dir / "certs")
         bootstrap = self.start_kafka()
         redis_url = self.start_redis()
         brokers = self.kafka_brokers or kafka_admin.broker_count(bootstrap)
@@ -195,8 +226,29 @@ class DevCluster:
                 f"min ISR {replicas.min_insync}"
             )
 
+    def node_security(self) -> NodeSecurity:
+        """What every node is given: the dev certificates, PROXY protocol, password/ACL files."""
+        options, certs = self.options, self.certs
+        return NodeSecurity(
+            certfile=certs.server.cert if certs else None,
+            keyfile=certs.server.key if certs else None,
+            cafile=certs.cafile if certs else None,
+            proxy_protocol=True,
+            password_file=_absolute(options.password_file),
+            acl_file=_absolute(options.acl_file),
+        )
+
     def start_nodes(self, bootstrap: str, redis_url: str) -> list[NodeSpec]:
-        specs = node_specs(self.options.nodes, bootstrap, redis_url, self.options.partitions)
+        options = self.options
+        specs = node_specs(
+            options.nodes,
+            bootstrap,
+            redis_url,
+            options.partitions,
+            tls=bool(options.tls_port),
+            ws=bool(options.ws_port),
+            security=self.node_security(),
+        )
         for spec in specs:
             child = launch_node(spec, self.state_dir / "nodes")
             self.stack.callback(child.stop, 15.0)
@@ -207,20 +259,39 @@ class DevCluster:
         return specs
 
     def start_haproxy(self, specs: list[NodeSpec]) -> None:
-        servers = [Server(spec.node_id, LOOPBACK, spec.port, spec.stats_port) for spec in specs]
+        servers = [
+            Server(
+                s.node_id, LOOPBACK, s.port, s.stats_port, tls_port=s.tls_port, ws_port=s.ws_port
+            )
+            for s in specs
+        ]
+        options = self.options
         haproxy = LocalHAProxy(
-            self.state_dir / "haproxy", self.options.port, servers, cancel=self.cancel
+            self.state_dir / "haproxy",
+            options.port,
+            servers,
+            tls_port=options.tls_port,
+            ws_port=options.ws_port,
+            send_proxy=True,
+            cancel=self.cancel,
         )
         self.stack.callback(haproxy.stop)
         self._track(haproxy.launch())
         address = haproxy.wait_ready()
         self._endpoint("mqtt", address)
+        if options.tls_port:
+            self._endpoint("mqtts", f"{LOOPBACK}:{options.tls_port}")
+        if options.ws_port:
+            self._endpoint("ws", f"ws://{LOOPBACK}:{options.ws_port}{WS_PATH}")
 
     def announce(self) -> None:
         """Print the endpoints and the ready line."""
         print(f"headwater: dev cluster up (state: {state_path(self.state_dir)})", file=self.out)
         for name, value in _display_order(self.state.endpoints):
             print(f"  {name:<26} {value}", file=self.out)
+        cafile = self.certs.cafile if self.certs is not None else None
+        for line in client_examples(self.options, cafile):
+            print(line, file=self.out)
         print(READY_LINE, file=self.out, flush=True)
 
     def watch(self) -> None:
@@ -245,9 +316,58 @@ class DevCluster:
         print(f"headwater: {message}", file=self.out, flush=True)
 
 
+def check_ports(options: UpOptions) -> None:
+    """HAProxy's ports: valid, not two alike, and free."""
+    seen: dict[int, str] = {}
+    for port, setting in options.public_ports():
+        parse_port(port, setting)
+        if port in seen:
+            raise SettingError(f"{setting} and {seen[port]} are both {port}: choose two ports")
+        seen[port] = setting
+        ensure_port_free(port, setting)
+
+
+def check_files(options: UpOptions) -> None:
+    """The password and ACL files, when given, exist (each node rereads them on SIGHUP)."""
+    for path, flag in (
+        (options.password_file, "--password-file"),
+        (options.acl_file, "--acl-file"),
+    ):
+        if path is not None and not path.is_file():
+            raise SettingError(f"{flag}: no file {path}")
+
+
+def client_examples(options: UpOptions, cafile: Path | None) -> list[str]:
+    """How to connect: the dev CA's path and a command ready to paste, the WebSocket URL."""
+    login = " -u USER -P PASSWORD" if options.password_file else ""
+    lines = []
+    if cafile is not None:
+        lines += [
+            f"headwater: dev CA certificate (give it to TLS clients): {cafile}",
+            f"  mosquitto_sub --cafile {shlex.quote(str(cafile))} -h {LOOPBACK} "
+            f"-p {options.tls_port}{login} -t '#' -v",
+        ]
+    if options.ws_port:
+        lines.append(
+            f"headwater: MQTT over WebSocket at ws://{LOOPBACK}:{options.ws_port}{WS_PATH} "
+            "(subprotocol mqtt)"
+        )
+    return lines
+
+
+def _absolute(path: Path | None) -> Path | None:
+    return path.resolve() if path is not None else None
+
+
 def _display_order(endpoints: dict[str, str]) -> Iterator[tuple[str, str]]:
-    labels = {"mqtt": "MQTT (HAProxy)", "kafka": "Kafka bootstrap", "redis": "Redis"}
-    for key in ("mqtt", "kafka", "redis"):
+    labels = {
+        "mqtt": "MQTT (HAProxy)",
+        "mqtts": "MQTT over TLS (HAProxy)",
+        "ws": "MQTT over WebSocket",
+        "kafka": "Kafka bootstrap",
+        "redis": "Redis",
+    }
+    for key in labels:
         if key in endpoints:
             yield labels[key], endpoints[key]
     for key, value in endpoints.items():

@@ -9,6 +9,7 @@ import os
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from frontend.mqtt.channel import Limits
 from frontend.node import Node, NodeConfig
 from headwater.services.kafka_admin import ensure_topic
 from router.topics import messages_topic
+from tests.e2e.realclients import Clients
 
 PARTITIONS = 4
 
@@ -92,10 +94,40 @@ async def node(start_node: NodeFactory) -> Node:
     return await start_node()
 
 
+@pytest.fixture
+async def clients() -> AsyncIterator[Clients]:
+    """Real clients of every library, closed after the test."""
+    opened = Clients()
+    yield opened
+    await opened.aclose()
+
+
+@pytest.fixture
+async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
+    """What reaches the event loop's exception handler during the test (must stay empty)."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    caught: list[dict[str, Any]] = []
+
+    def record(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        caught.append(context)
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(record)
+    yield caught
+    loop.set_exception_handler(previous)
+
+
 async def launch_node_process(
-    node_id: str, port: int, kafka_bootstrap: str, log_topic: str, *options: str
+    node_id: str,
+    port: int,
+    kafka_bootstrap: str,
+    log_topic: str,
+    *options: str,
+    stderr: int = asyncio.subprocess.DEVNULL,
 ) -> asyncio.subprocess.Process:
-    """``python -m frontend`` as its own process (one a test can kill), once it says "ready"."""
+    """``python -m frontend`` as its own process (one a test can kill), once it says "ready";
+    ``stderr=asyncio.subprocess.PIPE`` to read its log."""
     argv = [
         sys.executable, "-m", "frontend",
         "--node-id", node_id,
@@ -108,7 +140,7 @@ async def launch_node_process(
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=stderr,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     assert proc.stdout is not None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiomqtt
@@ -44,31 +43,8 @@ INVALID_FIRST_BYTES = bytes([0x00, 0x0F, 0xF0, 0xFF, 0x80, 0x83, 0xA0, 0x60, 0x2
 
 
 @pytest.fixture
-async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
-    """What reaches the event loop's exception handler during the test (must stay empty)."""
-    loop = asyncio.get_running_loop()
-    previous = loop.get_exception_handler()
-    caught: list[dict[str, Any]] = []
-
-    def record(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        caught.append(context)
-        loop.default_exception_handler(context)
-
-    loop.set_exception_handler(record)
-    yield caught
-    loop.set_exception_handler(previous)
-
-
-@pytest.fixture
 async def node(start_node: NodeFactory, loop_errors: list[dict[str, Any]]) -> Node:
     return await start_node(connect_timeout=CONNECT_TIMEOUT)
-
-
-@pytest.fixture
-async def clients() -> AsyncIterator[Clients]:
-    opened = Clients()
-    yield opened
-    await opened.aclose()
 
 
 async def send_and_expect_close(port: int, data: bytes) -> None:

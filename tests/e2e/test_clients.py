@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 
 import aiomqtt
 import pytest
@@ -30,13 +29,6 @@ pytestmark = pytest.mark.timeout(45)
 
 BINARY = bytes(range(256)) * 4
 """Every byte value, NUL and invalid UTF-8 included."""
-
-
-@pytest.fixture
-async def clients() -> AsyncIterator[Clients]:
-    opened = Clients()
-    yield opened
-    await opened.aclose()
 
 
 async def silent(queue: asyncio.Queue[Received], seconds: float = 0.5) -> None:

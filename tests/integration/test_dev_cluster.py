@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -42,14 +42,33 @@ def cluster_env(kafka_bootstrap: str, redis_url: str) -> dict[str, str]:
     return env
 
 
-class DevUp:
-    """A running `headwater dev up` subprocess whose stdout is read line by line."""
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports."""
+    ports: list[int] = []
+    while len(ports) < count:
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    return ports
 
-    def __init__(self, state_dir: Path, port: int, env: dict[str, str], nodes: int = 0) -> None:
+
+class DevUp:
+    """A running `headwater dev up` subprocess whose stdout is read line by line; HAProxy's TLS
+    and WebSocket ports are free ones too, never the defaults."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        port: int,
+        env: dict[str, str],
+        nodes: int = 0,
+        extra: Sequence[str] = (),
+    ) -> None:
         self.state_dir = state_dir
         self.port = port
+        self.tls_port, self.ws_port = [p for p in free_ports(3) if p != port][:2]
         argv = [*HEADWATER, "dev", "up", "--nodes", str(nodes), "--port", str(port)]
-        argv += ["--state-dir", str(state_dir), "--partitions", "3"]
+        argv += ["--tls-port", str(self.tls_port), "--ws-port", str(self.ws_port)]
+        argv += ["--state-dir", str(state_dir), "--partitions", "3", *extra]
         self.process = subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -94,19 +113,42 @@ def dev_up(tmp_path: Path, cluster_env: dict[str, str]) -> Iterator[DevUp]:
 def _assert_all_gone(cluster: DevUp, children: list[ProcessIdentity]) -> None:
     assert children, "dev up recorded no child process"
     assert [c.pid for c in children if c.alive()] == []
-    assert not port_accepts(cluster.port)
+    assert not any(port_accepts(p) for p in (cluster.port, cluster.tls_port, cluster.ws_port))
     assert not (cluster.state_dir / "headwater.json").exists()
 
 
 def test_dev_up_serves_then_sigint_leaves_nothing(dev_up: DevUp) -> None:
     lines = dev_up.wait_ready()
     assert any(f"127.0.0.1:{dev_up.port}" in line and "MQTT" in line for line in lines)
-    assert port_accepts(dev_up.port)
+    assert all(port_accepts(p) for p in (dev_up.port, dev_up.tls_port, dev_up.ws_port))
     children = dev_up.child_identities()
     assert all(child.alive() for child in children)
     dev_up.process.send_signal(signal.SIGINT)
     assert dev_up.process.wait(60) == 0
     _assert_all_gone(dev_up, children)
+
+
+def test_dev_up_makes_a_dev_ca_once_and_prints_it(
+    tmp_path: Path, cluster_env: dict[str, str]
+) -> None:
+    """The first start makes the CA and prints how to use it; a later one reuses it."""
+    printed_ca: list[bytes] = []
+    for _ in range(2):
+        cluster = DevUp(tmp_path / "state", free_port(), cluster_env)
+        try:
+            lines = cluster.wait_ready()
+            cafile = (tmp_path / "state" / "certs" / "ca.crt").resolve()
+            example = f"mosquitto_sub --cafile {cafile} -h 127.0.0.1 -p {cluster.tls_port} -t"
+            assert any(example in line for line in lines), lines
+            assert any(f"ws://127.0.0.1:{cluster.ws_port}/mqtt" in line for line in lines)
+            printed_ca.append(cafile.read_bytes())
+            cluster.process.send_signal(signal.SIGINT)
+            assert cluster.process.wait(60) == 0
+        finally:
+            if cluster.process.poll() is None:
+                cluster.process.send_signal(signal.SIGTERM)
+                cluster.process.wait(60)
+    assert printed_ca[0] == printed_ca[1]
 
 
 def test_dev_down_stops_a_running_cluster(dev_up: DevUp, cluster_env: dict[str, str]) -> None:
@@ -162,10 +204,14 @@ def test_dev_up_with_nodes_serves_mosquitto_clients_through_haproxy(
             cluster.process.wait(60)
 
 
-def _dev_up_fails(env: dict[str, str], tmp_path: Path, port: int | None = None) -> str:
+def _dev_up_fails(
+    env: dict[str, str], tmp_path: Path, port: int | None = None, extra: Sequence[str] = ()
+) -> str:
     """Run a `dev up` that must fail; return its stderr after checking the exit and the form."""
     argv = [*HEADWATER, "dev", "up", "--nodes", "0", "--state-dir", str(tmp_path / "state")]
     argv += ["--port", str(port if port is not None else free_port())]
+    tls_port, ws_port = free_ports(2)
+    argv += ["--tls-port", str(tls_port), "--ws-port", str(ws_port), *extra]
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
@@ -179,6 +225,29 @@ def test_taken_port_is_named(tmp_path: Path, cluster_env: dict[str, str]) -> Non
         stderr = _dev_up_fails(cluster_env, tmp_path, port)
     assert f"port 127.0.0.1:{port} is already in use" in stderr
     assert "--port / HEADWATER_PORT" in stderr
+
+
+def test_a_taken_tls_port_is_named(tmp_path: Path, cluster_env: dict[str, str]) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        stderr = _dev_up_fails(cluster_env, tmp_path, extra=["--tls-port", str(port)])
+    assert f"port 127.0.0.1:{port} is already in use (setting --tls-port)" in stderr
+
+
+def test_one_port_for_two_frontends_is_refused(tmp_path: Path, cluster_env: dict[str, str]) -> None:
+    port = free_port()
+    stderr = _dev_up_fails(cluster_env, tmp_path, port, extra=["--ws-port", str(port)])
+    assert f"--ws-port and --port / HEADWATER_PORT are both {port}" in stderr
+
+
+@pytest.mark.parametrize("flag", ["--password-file", "--acl-file"])
+def test_a_missing_password_or_acl_file_is_named(
+    tmp_path: Path, cluster_env: dict[str, str], flag: str
+) -> None:
+    missing = tmp_path / "nowhere" / "file"
+    stderr = _dev_up_fails(cluster_env, tmp_path, extra=[flag, str(missing)])
+    assert f"{flag}: no file {missing}" in stderr
+    assert not (tmp_path / "state" / "headwater.json").exists()
 
 
 def test_unreachable_kafka_is_named(tmp_path: Path, cluster_env: dict[str, str]) -> None:

@@ -14,12 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from frontend.mqtt.channel import (
+    UNRESTRICTED,
     Action,
     AddSubscriptions,
     Channel,
     Close,
     Limits,
     OpenSession,
+    Permissions,
     Produce,
     RemoveSubscriptions,
     Send,
@@ -63,11 +65,15 @@ def opening(connect: Connect | None = None, limits: Limits | None = None) -> Cha
 
 
 def connected(
-    connect: Connect | None = None, session: Session | None = None, present: bool = False
+    connect: Connect | None = None,
+    session: Session | None = None,
+    present: bool = False,
+    permissions: Permissions = UNRESTRICTED,
+    limits: Limits | None = None,
 ) -> Channel:
-    channel = opening(connect)
+    channel = opening(connect, limits)
     clean = channel.connect is not None and channel.connect.clean_session
-    channel.session_opened(session or Session(channel.client_id, clean), present)
+    channel.session_opened(session or Session(channel.client_id, clean), present, permissions)
     assert channel.state is State.CONNECTED
     return channel
 
@@ -622,6 +628,51 @@ def test_failed_registration_answers_0x80_for_every_filter() -> None:
     (request,) = channel.handle_in(Subscribe(9, (("a", 1), ("b/+", 2), ("c#", 0))))
     assert isinstance(request, AddSubscriptions)
     assert only_sent(channel.subscribed(request, failed=True)) == [Suback(9, (SUBACK_FAILURE,) * 3)]
+
+
+class OnlyUnder:
+    """Permissions that allow topics and filters under one prefix (the ACL's own tests are in
+    test_acl; here only how the channel answers them)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def may_publish(self, topic: str) -> bool:
+        return topic.startswith(self.prefix)
+
+    may_subscribe = may_read = may_publish
+
+
+def test_a_filter_the_client_may_not_subscribe_gets_0x80_and_the_others_are_granted() -> None:
+    channel = connected(permissions=OnlyUnder("mine/"))
+    (request,) = channel.handle_in(Subscribe(3, (("mine/#", 1), ("#", 0), ("mine/a", 2))))
+    assert isinstance(request, AddSubscriptions)
+    assert request.granted == [("mine/#", 1), ("mine/a", 2)]
+    assert only_sent(channel.subscribed(request)) == [Suback(3, (1, SUBACK_FAILURE, 2))]
+
+
+def test_a_denied_publish_is_acknowledged_in_order_and_never_written() -> None:
+    channel = connected(permissions=OnlyUnder("mine/"))
+    allowed = produce(channel.handle_in(Publish("mine/a", b"1", 1, packet_id=1)))
+    assert channel.handle_in(Publish("theirs/a", b"2", 1, packet_id=2)) == []  # after PUBACK 1
+    assert channel.handle_in(Publish("theirs/b", b"3", 0)) == []
+    assert allowed.ticket is not None
+    assert only_sent(channel.produced(allowed.ticket)) == [Puback(1), Puback(2)]
+    assert only_sent(channel.handle_in(Publish("theirs/c", b"4", 2, packet_id=3))) == [Pubrec(3)]
+    assert only_sent(channel.handle_in(Pubrel(3))) == [Pubcomp(3)]
+
+
+def test_the_subscription_bound_refuses_new_filters_beyond_it_only() -> None:
+    channel = connected(limits=Limits(max_subscriptions=2))
+    assert channel.session is not None
+    channel.session.subscriptions["held"] = 1
+    filters = (("held", 0), ("a", 1), ("a", 2), ("b", 1), ("bad#x", 0))
+    (request,) = channel.handle_in(Subscribe(4, filters))
+    assert isinstance(request, AddSubscriptions)
+    # "held" is already held and "a" twice is one filter: only "b" is beyond the bound of two.
+    assert request.granted == [("held", 0), ("a", 1), ("a", 2)]
+    assert request.return_codes == (0, 1, 2, SUBACK_FAILURE, SUBACK_FAILURE)
+    assert request.over_limit == 1
 
 
 def test_unsubscribe_removes_then_acknowledges() -> None:

@@ -1,0 +1,156 @@
+"""The PROXY protocol, v1 and v2 (HAProxy's proxy-protocol.txt), sans-IO: the header a load
+balancer sends before a connection's own bytes, naming the client's address.
+
+:class:`ProxyHeaderReader` is offered the socket's bytes through :meth:`~ProxyHeaderReader.window`,
+which is never larger than what the header may still need, so not one byte past its end is read
+and what follows (MQTT, a TLS ClientHello, an HTTP upgrade) stays in the socket for the next
+reader (``frontend.listeners``).  Anything that cannot begin or complete a valid header raises
+:class:`ProxyHeaderError` as soon as it is seen.  v2's TLVs are skipped; v1 ``UNKNOWN`` and v2
+``LOCAL`` (a health check) name no client.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+PROXY_V1_PREFIX = b"PROXY "
+PROXY_V1_SHORTEST = len(b"PROXY UNKNOWN\r\n")
+PROXY_V1_LONGEST = 107
+"""Bytes of the longest v1 header, CRLF included (proxy-protocol.txt, 2.1)."""
+PROXY_V1_SEPARATORS = 5
+"""Spaces in "PROXY TCP4 <source> <destination> <source port> <destination port>"."""
+PROXY_V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
+PROXY_V2_FIXED = 16
+"""The signature, version and command, family and protocol, and the length of the rest."""
+
+# -- the header --------------------------------------------------------------------
+
+
+class ProxyHeaderError(ValueError):
+    """A PROXY header that is malformed, truncated or missing: the connection is closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyHeader:
+    source: tuple[str, int] | None
+    """The client's address as the load balancer saw it; None (v1 ``UNKNOWN``, v2 ``LOCAL``,
+    an unspecified or Unix family): the socket's peer is the client."""
+
+
+class ProxyHeaderReader:
+    """One PROXY header, v1 or v2, read incrementally and never a byte past its end.
+
+    :meth:`window` is where the next bytes go, sized to what the header may still need: 15 bytes
+    first (no header is shorter); for v2 the fixed 16, then the length they give; for v1, no more
+    than the shortest completion of what was read (two bytes a field, one after a CR), since only
+    its CRLF ends it."""
+
+    __slots__ = ("_buffer", "have")
+
+    def __init__(self) -> None:
+        self._buffer = bytearray(PROXY_V1_LONGEST)
+        self.have = 0
+        """Bytes of the header read so far."""
+
+    def window(self) -> memoryview:
+        return memoryview(self._buffer)[self.have : self.have + self._wanted()]
+
+    def received(self, count: int) -> ProxyHeader | None:
+        """``count`` bytes were written into the last window: the header once it is complete.
+        Raises :class:`ProxyHeaderError` as soon as the bytes cannot begin a valid header."""
+        self.have += count
+        head = bytes(self._buffer[: min(self.have, len(PROXY_V2_SIGNATURE))])
+        if PROXY_V2_SIGNATURE.startswith(head):
+            return self._v2() if self.have >= len(PROXY_V2_SIGNATURE) else None
+        if PROXY_V1_PREFIX.startswith(head[: len(PROXY_V1_PREFIX)]):
+            return self._v1() if self.have >= len(PROXY_V1_PREFIX) else None
+        raise ProxyHeaderError(f"not a PROXY protocol header: {head!r}")
+
+    def _wanted(self) -> int:
+        have = self.have
+        if have < PROXY_V1_SHORTEST:
+            return PROXY_V1_SHORTEST - have
+        if self._buffer[0] == PROXY_V2_SIGNATURE[0]:
+            return max(PROXY_V2_FIXED, self._v2_length()) - have
+        line = self._buffer[:have]
+        if line.endswith(b"\r"):
+            wanted = 1
+        elif line.startswith(b"PROXY UNKNOWN"):
+            wanted = 2
+        else:  # each separator still to come, a byte after it, CRLF, and a byte for a new field
+            later = PROXY_V1_SEPARATORS - line.count(b" ")
+            wanted = 2 * later + 2 + line.endswith(b" ")
+        return max(1, min(wanted, PROXY_V1_LONGEST - have))
+
+    def _v2_length(self) -> int:
+        if self.have < PROXY_V2_FIXED:
+            return PROXY_V2_FIXED
+        return PROXY_V2_FIXED + int.from_bytes(self._buffer[14:16], "big")
+
+    def _v2(self) -> ProxyHeader | None:
+        total = self._v2_length()
+        if len(self._buffer) < total:  # a new buffer: the window on this one may be exported
+            self._buffer = self._buffer[: self.have] + bytes(total - self.have)
+        return parse_v2(bytes(self._buffer[:total])) if self.have >= total else None
+
+    def _v1(self) -> ProxyHeader | None:
+        line = bytes(self._buffer[: self.have])
+        if line.endswith(b"\r\n"):
+            return parse_v1(line)
+        if b"\n" in line or b"\r" in line[:-1]:
+            raise ProxyHeaderError(f"[PROXY v1] CR or LF inside the header: {line!r}")
+        if len(line) >= PROXY_V1_LONGEST:
+            raise ProxyHeaderError(f"[PROXY v1] no CRLF within {PROXY_V1_LONGEST} bytes")
+        return None
+
+
+def parse_v1(line: bytes) -> ProxyHeader:
+    """A whole v1 header, CRLF included: "PROXY TCP4|TCP6 src dst sport dport" or "PROXY
+    UNKNOWN" (anything after it ignored)."""
+    words = line[:-2].split(b" ")
+    if words[:2] == [b"PROXY", b"UNKNOWN"]:
+        return ProxyHeader(None)
+    address = {b"TCP4": ipaddress.IPv4Address, b"TCP6": ipaddress.IPv6Address}
+    if len(words) != 6 or words[0] != b"PROXY" or words[1] not in address:
+        raise ProxyHeaderError(f"[PROXY v1] malformed header: {line!r}")
+    family = address[words[1]]
+    try:
+        source, _ = (family(word.decode("ascii")) for word in words[2:4])
+    except ValueError:
+        raise ProxyHeaderError(f"[PROXY v1] bad address in {line!r}") from None
+    port, _ = (_port(word, line) for word in words[4:6])
+    return ProxyHeader((str(source), port))
+
+
+def _port(word: bytes, line: bytes) -> int:
+    if not word.isdigit() or (len(word) > 1 and word.startswith(b"0")) or int(word) > 65535:
+        raise ProxyHeaderError(f"[PROXY v1] bad port {word!r} in {line!r}")
+    return int(word)
+
+
+def parse_v2(header: bytes) -> ProxyHeader:
+    """A whole v2 header: the fixed 16 bytes and the address block (TLVs after it ignored)."""
+    if not header.startswith(PROXY_V2_SIGNATURE) or len(header) < PROXY_V2_FIXED:
+        raise ProxyHeaderError("[PROXY v2] no signature")
+    version, command = header[12] >> 4, header[12] & 0x0F
+    if version != 2:
+        raise ProxyHeaderError(f"[PROXY v2] version {version}, not 2")
+    if command == 0:  # LOCAL: the proxy's own connection (a health check)
+        return ProxyHeader(None)
+    if command != 1:
+        raise ProxyHeaderError(f"[PROXY v2] unknown command {command}")
+    family, protocol = header[13] >> 4, header[13] & 0x0F
+    if family in (0, 3):  # unspecified, or Unix sockets: no address of use here
+        return ProxyHeader(None)
+    sizes = {1: (4, ipaddress.IPv4Address), 2: (16, ipaddress.IPv6Address)}
+    if family not in sizes:
+        raise ProxyHeaderError(f"[PROXY v2] unknown address family {family}")
+    if protocol != 1:
+        raise ProxyHeaderError(f"[PROXY v2] protocol {protocol} is not a stream (TCP)")
+    size, address = sizes[family]
+    block = header[PROXY_V2_FIXED:]
+    if len(block) < 2 * size + 4:
+        raise ProxyHeaderError(f"[PROXY v2] address block of {len(block)} bytes is too short")
+    port = int.from_bytes(block[2 * size : 2 * size + 2], "big")
+    return ProxyHeader((str(address(block[:size])), port))
