@@ -13,11 +13,15 @@ taker published.  An idle session is never saved again, so a refused save would 
 
 Liveness is a key per node with a short expiry, refreshed every second; a session owned by a
 node whose key has expired is free, so a crashed node never blocks its clients' return.  Every
-``SWEEP_SECONDS`` each node also sweeps the nodes whose key has expired
+``SWEEP_SECONDS`` each node also sweeps the nodes whose key has expired, but only once its own
+heartbeats have reached Redis without a miss for a key's whole lifetime (``ALIVE_SECONDS``): a
+node is judged dead only if it failed to renew while Redis was reachable, never from a Redis
+that has just come back, whose keys all expired while it was away
 (``RedisSessionStore.sweep_node``): it publishes the wills it wins, so a client whose node
 crashed gets its will published even if it never comes back, and the dead node's sessions start
-to expire.  Before serving, a node sweeps once: what its own id's previous process left (that
-process crashed, and nothing else would sweep a live id), and nodes that died while none was up.
+to expire.  Before serving, a node sweeps what its own id's previous process left (that process
+crashed, and nothing else would sweep a live id); nodes that died while none was up are swept
+once its heartbeats have held for ``ALIVE_SECONDS``.
 
 Expiry: Redis publishes an event when it expires a session's marker key (``notify-keyspace-events
 Ex``, which the node sets at start where the server allows it); every node listens and runs
@@ -41,7 +45,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from frontend.outages import every
-from frontend.sessions.redis import RedisClient, RedisSessionStore
+from frontend.sessions.redis import ALIVE_SECONDS, RedisClient, RedisSessionStore
 
 log = logging.getLogger("headwater.cluster")
 
@@ -69,13 +73,15 @@ class Coordinator:
         self.redis_reachable = True
         """The last heartbeat reached Redis (what ``/ready`` reports)."""
         self._on_wills = on_wills
+        self._reachable_since: float | None = None
+        """When this node's heartbeats began to reach Redis without a miss (the loop's clock)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._inbox: Any = None
         self._expiries: Any = None
 
     async def start(self) -> None:
         redis = self.store.redis
-        await self.store.heartbeat(self.node_id)
+        await self._beat()
         self._inbox = redis.pubsub()
         await self._inbox.subscribe(self.store.inbox(self.node_id))
         await enable_expiry_events(redis)
@@ -116,6 +122,9 @@ class Coordinator:
         await self.store.redis.publish(self.store.inbox(owner), f"\0{token}\0{client_id}")
 
     async def _sweep_once(self) -> None:
+        since = self._reachable_since
+        if since is None or asyncio.get_running_loop().time() - since < ALIVE_SECONDS:
+            return  # the others may not have renewed since Redis came back
         for node in await self.store.nodes():
             if node != self.node_id:
                 wills = await self.store.sweep_node(node)
@@ -128,8 +137,11 @@ class Coordinator:
             await self.store.heartbeat(self.node_id)
         except Exception:
             self.redis_reachable = False
+            self._reachable_since = None
             raise
         self.redis_reachable = True
+        if self._reachable_since is None:
+            self._reachable_since = asyncio.get_running_loop().time()
 
     async def _listen(self) -> None:
         while True:

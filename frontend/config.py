@@ -2,13 +2,17 @@
 fill it.
 
 Every setting is a flag with an environment variable beside it (``--max-inflight`` /
-``HEADWATER_MAX_INFLIGHT``).  A bad value stops start-up with one line naming both
-(:class:`ConfigError`); nothing here connects to anything.
+``HEADWATER_MAX_INFLIGHT``) and a key of the configuration file (``max-inflight = 32``, read by
+``frontend.config_file``).  A bad value stops start-up with one line naming the flag, the variable
+and, when the value came from the file, the key and the file (:class:`ConfigError`); nothing here
+connects to anything.  A flag's ``metavar`` tells the file its TOML type: :data:`INTEGER`,
+:data:`SECONDS`, a yes/no switch is a boolean, any other a string.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -25,6 +29,25 @@ MAX_SESSION_EXPIRY = 10 * 365 * 86400
 
 class ConfigError(ValueError):
     """A setting that stops start-up; the message names the flag and variable."""
+
+
+class FileValue(str):
+    """A setting's text read from the configuration file, with ``origin`` (``key in FILE``) for
+    the messages of the checks below."""
+
+    origin: str
+
+    def __new__(cls, text: str, origin: str = "") -> FileValue:
+        value = super().__new__(cls, text)
+        value.origin = origin
+        return value
+
+
+INTEGER = "N"
+"""The metavar of a flag whose file key is a TOML integer."""
+SECONDS = "SECONDS"
+"""The metavar of a flag whose file key is a TOML number (integer or float)."""
+LOG_FORMATS = ("text", "json")
 
 
 LISTENER_KINDS = ("mqtt", "mqtts", "ws", "wss")
@@ -86,6 +109,9 @@ class NodeConfig:
     """Seconds a persistent session is kept once its client is gone; 0: forever."""
     stats_host: str | None = None
     stats_port: int = 0
+    sys_interval: float = 0.0
+    """Seconds between two ``$SYS`` reports (``frontend.systree``); 0: none.  Off for a node
+    built in code (tests count their own traffic); the command line's default is 10."""
     limits: Limits = field(default_factory=Limits)
 
 
@@ -96,7 +122,14 @@ def _env(name: str, default: str | None = None) -> str | None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="headwater frontend", description="Run one front-end node.")
     p.add_argument(
-        "--node-id", default=_env("NODE_ID"), help="unique node name [HEADWATER_NODE_ID]"
+        "--config",
+        metavar="FILE",
+        default=_env("CONFIG"),
+        help="a TOML file of settings, keys named as the flags without -- (example: "
+        "docs/headwater.example.toml); flags and variables override it [HEADWATER_CONFIG]",
+    )
+    p.add_argument(
+        "--node-id", default=_env("NODE_ID"), help="unique node name, required [HEADWATER_NODE_ID]"
     )
     p.add_argument(
         "--listen",
@@ -153,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-connections",
+        metavar=INTEGER,
         default=_env("MAX_CONNECTIONS", "0"),
         help="connections at once; more are closed at accept; 0: no bound "
         "[HEADWATER_MAX_CONNECTIONS]",
@@ -160,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kafka-bootstrap",
         default=_env("KAFKA_BOOTSTRAP"),
-        help="Kafka bootstrap servers [HEADWATER_KAFKA_BOOTSTRAP]",
+        help="Kafka bootstrap servers, required [HEADWATER_KAFKA_BOOTSTRAP]",
     )
     p.add_argument(
         "--redis-url",
@@ -170,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--redis-connections",
+        metavar=INTEGER,
         default=_env("REDIS_CONNECTIONS", "50"),
         help="connections to Redis at most; requests beyond wait their turn "
         "[HEADWATER_REDIS_CONNECTIONS]",
@@ -193,37 +228,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--partitions",
+        metavar=INTEGER,
         default=_env("PARTITIONS", "12"),
         help="partitions of the log topic [HEADWATER_PARTITIONS]",
     )
     p.add_argument(
         "--routing-depth",
+        metavar=INTEGER,
         default=_env("ROUTING_DEPTH", "2"),
         help="topic levels in the routing key [HEADWATER_ROUTING_DEPTH]",
     )
     p.add_argument(
         "--max-packet-size",
+        metavar=INTEGER,
         default=_env("MAX_PACKET_SIZE", str(DEFAULT_MAX_PACKET_SIZE)),
         help="largest accepted packet, bytes [HEADWATER_MAX_PACKET_SIZE]",
     )
     p.add_argument(
         "--max-inflight",
+        metavar=INTEGER,
         default=_env("MAX_INFLIGHT", "32"),
         help="outbound QoS 1/2 messages in flight per client [HEADWATER_MAX_INFLIGHT]",
     )
     p.add_argument(
         "--max-queued",
+        metavar=INTEGER,
         default=_env("MAX_QUEUED", "1000"),
         help="messages queued per client [HEADWATER_MAX_QUEUED]",
     )
     p.add_argument(
         "--max-subscriptions",
+        metavar=INTEGER,
         default=_env("MAX_SUBSCRIPTIONS", "0"),
         help="topic filters per client; a SUBSCRIBE beyond is refused (0x80); 0: no bound "
         "[HEADWATER_MAX_SUBSCRIPTIONS]",
     )
     p.add_argument(
         "--session-expiry",
+        metavar=SECONDS,
         default=_env("SESSION_EXPIRY", f"{DEFAULT_EXPIRY:g}"),
         help="seconds a persistent session is kept once its client is gone; 0: forever "
         "[HEADWATER_SESSION_EXPIRY]",
@@ -244,7 +286,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("STATS_LISTEN"),
         help="host:port for GET /stats (JSON); off when unset [HEADWATER_STATS_LISTEN]",
     )
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="[HEADWATER_LOG_LEVEL]")
+    p.add_argument(
+        "--sys-interval",
+        metavar=SECONDS,
+        default=_env("SYS_INTERVAL", "10"),
+        help="seconds between $SYS reports; 0: none [HEADWATER_SYS_INTERVAL]",
+    )
+    p.add_argument(
+        "--log-level",
+        default=_env("LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR [HEADWATER_LOG_LEVEL]",
+    )
+    p.add_argument(
+        "--log-format",
+        default=_env("LOG_FORMAT", "text"),
+        help="text, or json: one object per line (time, level, logger, message, exception) "
+        "[HEADWATER_LOG_FORMAT]",
+    )
     return p
 
 
@@ -253,42 +311,60 @@ def _env_name(flag: str) -> str:
     return "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
 
 
+def _label(flag: str, value: object) -> str:
+    """Where a bad ``value`` came from: ``--flag / HEADWATER_FLAG``, and the file key if there."""
+    where = f"{flag} / {_env_name(flag)}"
+    return f"{where} / {value.origin}" if isinstance(value, FileValue) else where
+
+
 def _int_setting(value: str | None, flag: str, low: int, high: int) -> int:
-    env = _env_name(flag)
     try:
         number = int(value or "")
     except ValueError:
-        raise ConfigError(f"{flag} / {env}: {value!r} is not an integer") from None
+        raise ConfigError(f"{_label(flag, value)}: {value!r} is not an integer") from None
     if not low <= number <= high:
-        raise ConfigError(f"{flag} / {env}: {number} is outside {low}..{high}")
+        raise ConfigError(f"{_label(flag, value)}: {number} is outside {low}..{high}")
     return number
 
 
 def _seconds_setting(value: str | None, flag: str, high: float) -> float:
-    env = _env_name(flag)
+    where = _label(flag, value)
     try:
         seconds = float(value or "")
     except ValueError:
-        raise ConfigError(f"{flag} / {env}: {value!r} is not a number of seconds") from None
+        raise ConfigError(f"{where}: {value!r} is not a number of seconds") from None
     if not 0 <= seconds <= high:
-        raise ConfigError(f"{flag} / {env}: {value} is outside 0..{high:.0f} seconds")
+        raise ConfigError(f"{where}: {value} is outside 0..{high:.0f} seconds")
     return seconds
 
 
 def _switch_setting(value: str, flag: str) -> bool:
-    env = _env_name(flag)
     answer = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
     if value.lower() not in answer:
-        raise ConfigError(f"{flag} / {env}: {value!r} is not yes or no")
+        raise ConfigError(f"{_label(flag, value)}: {value!r} is not yes or no")
     return answer[value.lower()]
+
+
+def _choice_setting(value: str, flag: str, choices: tuple[str, ...]) -> str:
+    """The one of ``choices`` that ``value`` names, whatever its case."""
+    chosen = [choice for choice in choices if choice.lower() == str(value).lower()]
+    if not chosen:
+        raise ConfigError(f"{_label(flag, value)}: {value!r} is not one of {', '.join(choices)}")
+    return chosen[0]
 
 
 def _address(value: str, flag: str) -> tuple[str, str]:
     host, sep, port = str(value).rpartition(":")
     if not sep or not host:
-        env = _env_name(flag)
-        raise ConfigError(f"{flag} / {env}: {value!r} is not host:port")
-    return host, port
+        raise ConfigError(f"{_label(flag, value)}: {value!r} is not host:port")
+    return host, FileValue(port, value.origin) if isinstance(value, FileValue) else port
+
+
+def log_settings(args: argparse.Namespace) -> tuple[str, str]:
+    """The log level and format (``frontend.logs``), checked as every other setting is."""
+    levels = tuple(logging.getLevelNamesMapping())
+    level = _choice_setting(args.log_level, "--log-level", levels)
+    return level, _choice_setting(args.log_format, "--log-format", LOG_FORMATS)
 
 
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
@@ -325,6 +401,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         port=_int_setting(port, "--listen", 0, 65535),
         stats_host=stats_host,
         stats_port=_int_setting(stats_port, "--stats-listen", 0, 65535),
+        sys_interval=_seconds_setting(args.sys_interval, "--sys-interval", 86400),
         kafka_bootstrap=args.kafka_bootstrap,
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,
@@ -351,7 +428,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
 
 def _existing_file(path: str | None, flag: str) -> str | None:
     if path and not os.path.isfile(path):
-        raise ConfigError(f"{flag} / {_env_name(flag)}: no file {path}")
+        raise ConfigError(f"{_label(flag, path)}: no file {path}")
     return path
 
 

@@ -30,6 +30,7 @@ from typing import Any, cast
 from frontend import outages
 from frontend.auth import Access, Auth
 from frontend.deadlines import Deadlines
+from frontend.metrics import Traffic
 from frontend.mqtt import channel as ch
 from frontend.mqtt.codec import Decoder
 from frontend.mqtt.errors import ProtocolError
@@ -69,6 +70,8 @@ class Services:
     """SUBSCRIBE filters refused for ``Limits.max_subscriptions``."""
     connect_timeouts: int = 0
     """Connections closed for sending no CONNECT within ``connect_timeout``."""
+    traffic: Traffic = field(default_factory=Traffic)
+    """Connections made, bytes and PUBLISH packets in and out (``/metrics``)."""
     certificate_identity: Callable[[asyncio.BaseTransport], str | None] | None = None
     """Set with ``--use-identity-as-username`` (``frontend.listeners.certificate_identity``): a
     client's user name is its TLS certificate's identity and no password is checked; a client
@@ -76,12 +79,15 @@ class Services:
 
 
 class _Output:
-    """Coalesced writes: everything sent during one loop iteration goes out in one ``write``."""
+    """Coalesced writes: everything sent during one loop iteration goes out in one ``write``.
+    Each ``write`` is one packet: a PUBLISH is counted by its QoS (fixed header type 3, QoS in
+    bits 1-2), and the bytes when they go out."""
 
-    __slots__ = ("_chunks", "_loop", "_scheduled", "paused", "transport")
+    __slots__ = ("_chunks", "_loop", "_scheduled", "paused", "traffic", "transport")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, traffic: Traffic) -> None:
         self._loop = loop
+        self.traffic = traffic
         self._chunks: list[bytes] | None = None
         self._scheduled = False
         self.transport: asyncio.Transport | None = None
@@ -89,6 +95,8 @@ class _Output:
         """The transport asked us to stop writing: messages wait in the session's queue."""
 
     def write(self, data: bytes) -> None:
+        if data[0] >> 4 == 3:  # a PUBLISH
+            self.traffic.sent[(data[0] >> 1) & 3] += 1
         if self._chunks is None:
             self._chunks = [data]
         else:
@@ -102,7 +110,9 @@ class _Output:
         chunks, self._chunks = self._chunks, None
         transport = self.transport
         if chunks and transport is not None and not transport.is_closing():
-            transport.write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            self.traffic.bytes_sent += len(data)
+            transport.write(data)
 
 
 def _who(connection: MqttConnection) -> str:
@@ -120,6 +130,7 @@ class _Input(Decoder):
 
     def __init__(self, connection: MqttConnection, now: float) -> None:
         super().__init__(connection.services.max_packet_size)
+        connection.services.traffic.connections_opened += 1  # one _Input per connection
         self.connection = connection
         self.slot: int | None = None
         self.held: list[Packet] | None = None
@@ -132,6 +143,7 @@ class _Input(Decoder):
     def take(self, data: bytes, now: float) -> None:
         """Hold the packets ``data`` completes; raises :class:`ProtocolError`."""
         self.last_seen = now
+        self.connection.services.traffic.bytes_received += len(data)
         packets = self.feed(data)
         if self.held is None:
             self.held = packets
@@ -217,7 +229,7 @@ class MqttConnection(asyncio.Protocol):
         (``frontend.listeners``); else the socket's peer is."""
         self._loop = asyncio.get_running_loop()
         self._busy = False
-        self._output = _Output(self._loop)
+        self._output = _Output(self._loop, services.traffic)
         self._input = _Input(self, self._loop.time())
         self._closed = False
 
@@ -358,7 +370,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _publisher(self) -> Publishing:
         if self.publishing is None:
-            self.publishing = Publishing(self, self.services.log, self.services.sessions)
+            self.publishing = Publishing(self, self.services)
         return self.publishing
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:

@@ -2,20 +2,45 @@
 
 Nothing is counted twice: the collector reads, at scrape time, the counters the parts keep anyway
 (the same ones ``/stats`` shows, through the node's snapshot function) and hands them to
-``prometheus_client`` as metric families.  A scrape costs the snapshot, never work per message.
+``prometheus_client`` as metric families.  A scrape costs the snapshot, never work per message:
+the parts only add to integers (:class:`Traffic` is the client connections' share, and the log's
+produce latencies are bucket counts in a fixed array, ``router.log.LatencyHistogram``).
 Names follow Prometheus's conventions: ``headwater_`` prefix, ``_total`` for counters, base units.
+Counters that ``/stats`` keeps under separate keys (refusals, drops, denials) are also one family
+each with a ``reason`` label, for dashboards (``docker/grafana/dashboards/headwater.json``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(slots=True)
+class Traffic:
+    """What the node's client connections carried, counted by them (``frontend.connection``,
+    ``frontend.publishing``): one integer increment per read, write or PUBLISH."""
+
+    connections_opened: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    received: list[int] = field(default_factory=lambda: [0, 0, 0])
+    """PUBLISH packets accepted from clients (handed to the log), by QoS."""
+    sent: list[int] = field(default_factory=lambda: [0, 0, 0])
+    """PUBLISH packets written to clients, by QoS (resends of unacknowledged ones included)."""
+
 
 COUNTERS = {
     "records_fetched": "Records the node's live reader fetched from the log.",
@@ -29,6 +54,11 @@ COUNTERS = {
     "connects_waited": "Store requests of CONNECTs that waited for their turn (admission).",
     "sessions_saved": "Session writes to the store.",
     "sessions_expired": "Persistent sessions removed after the session expiry.",
+    "sessions_resumed": "CONNECTs that found a stored session (session present).",
+    "session_takeovers": "Sessions acquired from a connection that still held them, here or on "
+    "another node [MQTT-3.1.4-2].",
+    "session_takeovers_forced": "Of those, sessions taken by force from a node that did not let go "
+    "in time.",
     "checkpoints_written": "Delivery checkpoints this node process wrote.",
     "messages_produced": "Messages the log acknowledged as written.",
     "produce_errors": "Messages the log failed to write.",
@@ -47,12 +77,16 @@ COUNTERS = {
     "websocket_upgrades_refused": "HTTP requests refused an upgrade (path, subprotocol, headers).",
     "websocket_errors": "WebSocket connections closed for a text or malformed frame.",
     "connect_timeouts": "Connections closed for sending no CONNECT within the connect timeout.",
+    "connections_opened": "MQTT connections made (after any PROXY header, TLS and upgrade).",
+    "bytes_received": "Bytes received from clients (MQTT packets, after TLS and WebSocket).",
+    "bytes_sent": "Bytes sent to clients (MQTT packets, before TLS and WebSocket).",
     "wills_published": "Wills published.",
     "orphaned_wills_published": "Wills of connections whose node died, published here.",
     "wills_lost": "Wills the producer could not take.",
 }
 
 GAUGES = {
+    "connections": "MQTT connections open now, with a session or still before CONNACK.",
     "connections_arriving": "Connections in their PROXY header, TLS handshake or upgrade now.",
     "clients": "Connected clients.",
     "clients_behind": "Clients reading on from the log now.",
@@ -61,6 +95,60 @@ GAUGES = {
     "kafka_available": "1 while Kafka takes writes.",
     "redis_reachable": "1 while the node's last heartbeat reached Redis (or it has none).",
 }
+
+REFUSED = {
+    "refused_max_connections": "max_connections",
+    "proxy_header_errors": "proxy_header",
+    "handshake_timeouts": "handshake_timeout",
+    "tls_handshake_failures": "tls_handshake",
+    "websocket_upgrades_refused": "websocket_upgrade",
+    "websocket_errors": "websocket_frame",
+    "connect_timeouts": "connect_timeout",
+}
+"""``/stats`` key -> ``reason`` of ``headwater_connections_refused_total``."""
+
+DROPPED = {
+    "messages_dropped": "client_bound",
+    "records_lost_to_retention": "retention",
+    "produce_errors": "produce_failed",
+    "wills_lost": "will_lost",
+    "undecodable_records": "undecodable",
+}
+"""``/stats`` key -> ``reason`` of ``headwater_drops_total``."""
+
+DENIED = {
+    "connects_denied": "connect",
+    "publishes_denied": "publish",
+    "subscriptions_denied": "subscribe",
+    "deliveries_denied": "deliver",
+}
+"""``/stats`` key -> ``action`` of ``headwater_denials_total``."""
+
+
+def _labelled(
+    name: str, doc: str, label: str, stats: dict[str, Any], keys: dict[str, str]
+) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key, value in keys.items():
+        family.add_metric([value], stats[key])
+    return family
+
+
+def _by_qos(name: str, doc: str, counts: dict[str, int]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=["qos"])
+    for qos, count in counts.items():
+        family.add_metric([qos], count)
+    return family
+
+
+def _histogram(name: str, doc: str, latency: dict[str, Any]) -> Metric:
+    """``router.log.LatencyHistogram.snapshot()`` (per-bucket counts) as cumulative buckets."""
+    buckets, total = [], 0
+    for bound_ms, count in zip(latency["buckets_ms"], latency["counts"], strict=False):
+        total += count
+        buckets.append((repr(bound_ms / 1000), float(total)))  # le="0.001", ..., "10.0"
+    buckets.append(("+Inf", float(sum(latency["counts"]))))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=latency["sum_seconds"])
 
 
 class SnapshotCollector(Collector):
@@ -75,6 +163,7 @@ class SnapshotCollector(Collector):
             yield CounterMetricFamily(f"headwater_{name}", doc, value=stats[name])
         for name, doc in GAUGES.items():
             yield GaugeMetricFamily(f"headwater_{name}", doc, value=float(stats[name]))
+        yield from self._families(stats)
         lag = GaugeMetricFamily(
             "headwater_consumer_lag", "Records the live reader is behind, per partition.",
             labels=["partition"],
@@ -87,6 +176,44 @@ class SnapshotCollector(Collector):
             "Partitions the live reader reads.",
             value=len(stats["assigned_partitions"]),
         )
+
+    def _families(self, stats: dict[str, Any]) -> Iterator[Metric]:
+        """The families with labels, read from the same snapshot."""
+        yield _labelled(
+            "headwater_connections_refused", "Connections closed before or instead of their "
+            "CONNECT, by reason.", "reason", stats, REFUSED,
+        )  # fmt: skip
+        yield _labelled(
+            "headwater_drops", "Messages lost, by reason (a client's bound, retention, a failed "
+            "write to the log, a will the producer could not take, an undecodable record).",
+            "reason", stats, DROPPED,
+        )  # fmt: skip
+        yield _labelled(
+            "headwater_denials", "What authentication and the ACLs refused, by action.",
+            "action", stats, DENIED,
+        )  # fmt: skip
+        yield _by_qos(
+            "headwater_messages_received",
+            "PUBLISH packets accepted from clients, by QoS.",
+            stats["messages_received_by_qos"],
+        )
+        yield _by_qos(
+            "headwater_messages_sent",
+            "PUBLISH packets written to clients, by QoS (resends included).",
+            stats["messages_sent_by_qos"],
+        )
+        yield _histogram(
+            "headwater_produce_latency_seconds",
+            "Time from producing a message to Kafka's acknowledgement of it (acks=all).",
+            stats["produce_latency"],
+        )
+        live = GaugeMetricFamily(
+            "headwater_sessions_live", "Sessions of clients connected here now, by kind.",
+            labels=["kind"],
+        )  # fmt: skip
+        live.add_metric(["clean"], stats["sessions_live_clean"])
+        live.add_metric(["persistent"], stats["sessions_live_persistent"])
+        yield live
 
 
 def exposition(snapshot: Callable[[], dict[str, Any]]) -> Callable[[], bytes]:

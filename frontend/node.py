@@ -10,9 +10,10 @@ connections are :class:`frontend.connection.MqttConnection`.
 
 Start-up fails fast with one line naming what is at fault (a bad flag or ``HEADWATER_*``
 variable, a password or ACL file line, an unreachable Kafka, a missing log topic).  SIGHUP
-rereads the password and ACL files (``frontend.auth``).  Shutdown (SIGINT/SIGTERM) stops accepting,
-closes every client as a server-side close (so their wills are published [MQTT-3.1.2-8]), flushes
-the producer and stops the reader.
+rereads the password and ACL files (``frontend.auth``).  SIGINT and SIGTERM drain the node
+(:meth:`Node.stop`): ``/ready`` says "draining" at once and the listeners close, the PUBLISHes
+already given to Kafka get their PUBACK/PUBREC, every client is closed (its persistent session
+stored by the release path), then the producer is flushed and the process exits 0.
 """
 
 from __future__ import annotations
@@ -22,22 +23,29 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from frontend import listeners
 from frontend.auth import Auth
 from frontend.cluster import Coordinator
-from frontend.config import ConfigError, Listener, NodeConfig, build_parser, config_from_args
+from frontend.config import ConfigError, Listener, NodeConfig, config_from_args, log_settings
+from frontend.config_file import parse_args
 from frontend.connection import MqttConnection, Services
+from frontend.logs import setup_logging
 from frontend.retained import MemoryRetainedStore, RedisRetainedStore, RetainedStore
 from frontend.sessions.manager import SessionManager
 from frontend.sessions.redis import RedisClient, RedisSessionStore
 from frontend.sessions.store import MemorySessionStore, SessionStore
 from frontend.stats import serve_stats, snapshot
+from frontend.systree import SysTree
 from router.dispatch import Dispatcher
 from router.log import KafkaLog, LogSettings
 from router.partitioner import Router
@@ -52,6 +60,16 @@ it at ``net.core.somaxconn``."""
 
 REDIS_WAIT = 10.0
 """Seconds a request waits for a free Redis connection before it counts as Redis unavailable."""
+
+DRAIN_PUBLISHES = 10.0
+"""Seconds a drain waits for the PUBLISHes already given to Kafka to be acknowledged to their
+clients; a connection still waiting then is closed anyway (its client sends them again)."""
+
+DRAIN_RELEASES = 10.0
+"""Seconds a drain waits for the closed connections to go and their sessions to be stored."""
+
+DRAIN_POLL = 0.01
+"""Seconds between two looks at the connections during a drain."""
 
 CLUSTER_SPARE_CONNECTIONS = 8
 """Connections per Redis Cluster node beyond the node's share of commands: subscriptions and
@@ -76,11 +94,14 @@ class Node:
         self.dispatcher = Dispatcher(self.log, self.router)
         self.log.reader.on_records = self.dispatcher.dispatch
         stamps = wall_clock_stamps(config.node_id)
+        self.systree = SysTree(
+            config.node_id, config.sys_interval, stamps, self.log, self.dispatcher, self.stats
+        )
         self.sessions = SessionManager(
             stamps,
             config.limits,
             sessions or MemorySessionStore(config.session_expiry),
-            retained or MemoryRetainedStore(),
+            self.systree.serving(retained or MemoryRetainedStore()),
             self.dispatcher,
             self.log,
         )
@@ -110,6 +131,7 @@ class Node:
         """Every front door; the ports chosen for port 0 are written back at start."""
         self._servers: list[asyncio.Server] = []
         self._stats_server: asyncio.Server | None = None
+        self._draining = False
         self._redis: RedisClient | None = None
 
     @property
@@ -123,6 +145,7 @@ class Node:
         if self.sessions.coordinator is not None:
             await self.sessions.coordinator.sweep_dead_nodes()
         self.sessions.start()
+        self.systree.start()
         for listener in self.endpoints:
             self._servers.append(await listeners.serve(listener, self.doors, LISTEN_BACKLOG))
         self.config.port = self.endpoints[0].port
@@ -161,19 +184,24 @@ class Node:
             sessions.taken_elsewhere,
         )
         retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
-        sessions.join_cluster(store, retained, coordinator)
+        sessions.join_cluster(store, self.systree.serving(retained), coordinator)
         await coordinator.start()
         self._redis = client
 
     def _client(self, url: str) -> aioredis.Redis:
         # A blocking pool: a burst of requests waits for a connection (up to REDIS_WAIT seconds)
         # instead of failing with "Too many connections", which would refuse CONNECTs.
+        # A pooled connection that died with a Redis restart is made again at once, and the
+        # command retried on it, instead of failing one request per dead connection for as long
+        # as the pool takes to cycle through them.
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=self.config.redis_connections,
             timeout=REDIS_WAIT,
             socket_timeout=5,
             socket_connect_timeout=5,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
         )
         return aioredis.Redis.from_pool(pool)  # closing the client closes the pool
 
@@ -204,7 +232,7 @@ class Node:
 
     def not_ready(self) -> list[str]:
         """Why this node should not be given new clients now (``GET /ready``); none: it should."""
-        reasons = []
+        reasons = ["draining"] if self._draining else []
         if not self._servers or not all(server.is_serving() for server in self._servers):
             reasons.append("not accepting connections")
         if not self.log.available:
@@ -215,17 +243,24 @@ class Node:
         return reasons
 
     async def stop(self) -> None:
+        """Drain, then stop: ``/ready`` turns "draining" and the listeners close (a load
+        balancer sends no new client), reading stops, each connection is closed once its
+        PUBLISHes in flight are acknowledged (up to ``DRAIN_PUBLISHES`` seconds), its session
+        stored by the release path (up to ``DRAIN_RELEASES``), and the producer is flushed.
+
+        A close by the server publishes the client's will: MQTT 3.1.1 deletes a will only on
+        DISCONNECT from the client [MQTT-3.1.2-8], and a drain is no such thing."""
+        started = time.monotonic()
+        self._draining = True
         for server in self._servers:
             server.close()
         self.doors.close()
+        pending = sum(c.channel.pending_publishes for c in self.connections)
+        closed, unfinished, persistent = await close_when_acknowledged(self.connections)
+        stored = await wait_released(self.connections, self.sessions, persistent)
         if self._stats_server is not None:
             self._stats_server.close()
-        for connection in list(self.connections):
-            connection.shutdown()
-        for _ in range(100):  # until every connection has stored its session and gone
-            if not self.connections:
-                break
-            await asyncio.sleep(0.01)
+        await self.systree.stop()
         await self.sessions.stop()
         await self.log.stop()
         if self.sessions.coordinator is not None:
@@ -234,6 +269,12 @@ class Node:
             await self._redis.aclose()
         for server in self._servers:
             await server.wait_closed()
+        log.info(
+            "node %s drained in %.2f s: %d clients closed, %d of %d sessions stored, "
+            "%d publishes finished, %d unacknowledged",
+            self.config.node_id, time.monotonic() - started, closed, stored, len(persistent),
+            max(0, pending - unfinished), unfinished,
+        )  # fmt: skip
 
 
 class QueuedCluster(RedisCluster):
@@ -258,6 +299,55 @@ class QueuedCluster(RedisCluster):
             self._turns.release()
 
 
+async def close_when_acknowledged(connections: set[MqttConnection]) -> tuple[int, int, list[str]]:
+    """Stop reading every client and close each as soon as none of its PUBLISHes awaits the
+    log (at ``DRAIN_PUBLISHES`` at the latest).  How many were closed, how many PUBLISHes were
+    left unacknowledged, and the client ids of the persistent sessions closed."""
+    deadline = time.monotonic() + DRAIN_PUBLISHES
+    waiting = set(connections)
+    closed = unfinished = 0
+    persistent: list[str] = []
+    while waiting:
+        late = time.monotonic() >= deadline
+        for connection in list(waiting):
+            left = connection.channel.pending_publishes
+            transport = connection.transport
+            if left and not late and transport is not None and not transport.is_closing():
+                transport.pause_reading()  # again: an acknowledgement may have resumed it
+                continue
+            waiting.discard(connection)
+            if connection in connections:
+                owned = connection.owned
+                if owned is not None and owned.persistent:
+                    persistent.append(owned.lease.client_id)
+                closed += 1
+                unfinished += left
+                connection.shutdown()
+        if waiting:
+            await asyncio.sleep(DRAIN_POLL)
+    return closed, unfinished, persistent
+
+
+async def wait_released(
+    connections: set[MqttConnection], sessions: SessionManager, persistent: list[str]
+) -> int:
+    """Wait (up to ``DRAIN_RELEASES`` seconds) for the closed ``connections`` to go and the
+    sessions of ``persistent`` to be stored; how many were."""
+    deadline = time.monotonic() + DRAIN_RELEASES
+    while connections and time.monotonic() < deadline:
+        await asyncio.sleep(DRAIN_POLL)
+    releasing = sessions.saver.releasing
+    tasks = [releasing[c] for c in persistent if c in releasing]
+    if tasks:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*tasks, return_exceptions=True),
+                max(0.0, deadline - time.monotonic()),
+            )
+    failed = sum(1 for t in tasks if not t.done() or t.cancelled() or t.exception())
+    return len(persistent) - failed
+
+
 async def serve(config: NodeConfig) -> None:
     node = Node(config)
     await node.start()
@@ -271,24 +361,22 @@ async def serve(config: NodeConfig) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stop.set)  # either drains (a second one changes nothing)
     loop.add_signal_handler(signal.SIGHUP, node.reload)
     await stop.wait()
-    log.info("node %s shutting down", config.node_id)
+    log.info("node %s draining", config.node_id)
     await node.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=str(args.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     try:
+        args = parse_args(argv)
+        level, log_format = log_settings(args)
         config = config_from_args(args)
     except ConfigError as exc:
         print(f"headwater frontend: {exc}", file=sys.stderr)
         return 2
+    setup_logging(level, log_format)
     with contextlib.suppress(ImportError):
         import uvloop
 

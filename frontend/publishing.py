@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from frontend import outages
+from frontend.metrics import Traffic
 from frontend.mqtt import channel as ch
 from frontend.mqtt.message import Message
 from frontend.mqtt.session import Outbound
@@ -31,6 +32,20 @@ class Log(Protocol):
     def produce(self, message: Message, on_delivery: DeliveryCallback | None) -> bool: ...
 
     def when_writable(self, callback: Callable[[], None]) -> None: ...
+
+
+class Wiring(Protocol):
+    """What the node hands every connection (``frontend.connection.Services``), as far as its
+    PUBLISHes need it."""
+
+    @property
+    def log(self) -> Log: ...
+
+    @property
+    def sessions(self) -> SessionManager: ...
+
+    @property
+    def traffic(self) -> Traffic: ...
 
 
 class Connection(Protocol):
@@ -52,12 +67,16 @@ class Connection(Protocol):
 class Publishing:
     """The PUBLISHes of one connection between the channel and the log."""
 
-    __slots__ = ("_own_deferred", "_qos2_ids", "blocked", "connection", "log", "sessions")
+    __slots__ = (
+        "_own_deferred", "_qos2_ids", "blocked", "connection", "log", "received", "sessions",
+    )  # fmt: skip
 
-    def __init__(self, connection: Connection, log_: Log, sessions: SessionManager) -> None:
+    def __init__(self, connection: Connection, wiring: Wiring) -> None:
         self.connection = connection
-        self.log = log_
-        self.sessions = sessions
+        self.log = wiring.log
+        self.sessions = wiring.sessions
+        self.received = wiring.traffic.received
+        """PUBLISH packets accepted from clients, by QoS (the node's count)."""
         self.blocked: list[ch.Produce] = []
         """PUBLISHes held back, in order, while the producer queue is full."""
         self._qos2_ids: dict[int, int] = {}
@@ -72,6 +91,11 @@ class Publishing:
         return self.connection.owned
 
     def produce(self, action: ch.Produce) -> None:
+        """A PUBLISH the channel accepted: to the log now, or behind those held back."""
+        self.received[action.message.qos] += 1
+        self._produce(action)
+
+    def _produce(self, action: ch.Produce) -> None:
         if self.blocked:
             self.blocked.append(action)
             return
@@ -100,7 +124,7 @@ class Publishing:
             if self.blocked:  # full again: the rest waits behind, in order
                 self.blocked.extend(blocked[i:])
                 break
-            self.produce(action)
+            self._produce(action)
         self.connection.update_reading()
 
     def released(self, packet_id: int) -> None:

@@ -40,6 +40,7 @@ def snapshot(
     doors: Doors,
 ) -> dict[str, Any]:
     reader, counters, sessions = klog.reader, dispatcher.counters, services.sessions
+    traffic = services.traffic
     positions = reader.positions()
     lag = {p: max(high - pos, 0) for p, (pos, high) in positions.items() if pos >= 0 and high >= 0}
     return {
@@ -83,6 +84,18 @@ def snapshot(
         "shared_groups": dispatcher.share_names(),
         "kafka_available": klog.available,
         "redis_reachable": sessions.coordinator is None or sessions.coordinator.redis_reachable,
+        "connections": len(services.connections),
+        "connections_opened": traffic.connections_opened,
+        "bytes_received": traffic.bytes_received,
+        "bytes_sent": traffic.bytes_sent,
+        "messages_received_by_qos": {str(qos): n for qos, n in enumerate(traffic.received)},
+        "messages_sent_by_qos": {str(qos): n for qos, n in enumerate(traffic.sent)},
+        "produce_latency": klog.latency.snapshot(),
+        "sessions_live_clean": sessions.live[0],
+        "sessions_live_persistent": sessions.live[1],
+        "sessions_resumed": sessions.resumed,
+        "session_takeovers": sessions.takeovers,
+        "session_takeovers_forced": sessions.takeovers_forced,
     }
 
 

@@ -1,4 +1,4 @@
-"""The `headwater` command: `dev up`, `dev down`, `topics create`, and `frontend` (one node).
+"""The `headwater` command: `dev up|down|status|restart|roll`, `topics create`, `frontend`.
 
 Argument parsing and dispatch only; the work lives in headwater.devcluster and headwater.services.
 A `HeadwaterError` (something the user can fix) is printed as `headwater: error: <message>` on
@@ -68,6 +68,24 @@ def _dev_down(args: argparse.Namespace) -> int:
     from headwater.devcluster.down import run_down
 
     return run_down(args.state_dir)
+
+
+def _dev_status(args: argparse.Namespace) -> int:
+    from headwater.devcluster.control import run_status
+
+    return run_status(args.state_dir)
+
+
+def _dev_restart(args: argparse.Namespace) -> int:
+    from headwater.devcluster.control import run_restart
+
+    return run_restart(args.state_dir, args.node, timeout=args.timeout)
+
+
+def _dev_roll(args: argparse.Namespace) -> int:
+    from headwater.devcluster.control import run_roll
+
+    return run_roll(args.state_dir, timeout=args.timeout)
 
 
 def _topics_create(args: argparse.Namespace) -> int:
@@ -161,6 +179,20 @@ def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     down = dev_commands.add_parser("down", help="stop a running `dev up`")
     down.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     down.set_defaults(handler=_dev_down)
+    status = dev_commands.add_parser("status", help="each process of a running `dev up`")
+    status.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    status.set_defaults(handler=_dev_status)
+    restart = dev_commands.add_parser(
+        "restart", help="drain one front-end node and wait until it is ready again"
+    )
+    restart.add_argument("node", help="the node's name, e.g. node1 (see `dev status`)")
+    restart.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    restart.add_argument("--timeout", type=float, default=60.0, help="seconds (default 60)")
+    restart.set_defaults(handler=_dev_restart)
+    roll = dev_commands.add_parser("roll", help="restart every front-end node in turn")
+    roll.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    roll.add_argument("--timeout", type=float, default=60.0, help="seconds per node (default 60)")
+    roll.set_defaults(handler=_dev_roll)
 
 
 def _add_topics(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,6 +1,6 @@
 """Who on this node receives a message, and at what QoS: one rule for every path.
 
-A message reaches a client from four places, and each goes through :meth:`Dispatcher._deliver`
+A message reaches a client from five places, and each goes through :meth:`Dispatcher._deliver`
 with the QoS of :func:`delivery_qos`:
 
 * **live**: a record the reader fetched, to every local client with a matching subscription
@@ -10,7 +10,9 @@ with the QoS of :func:`delivery_qos`:
   filled up; QoS 1/2 only (QoS 0 is not kept for a client that was away, nor for a slow one),
   taken only while the session's queue has room, so the bound never drops one;
 * **retained**: after a SUBACK, the retained messages its filters match [MQTT-3.3.1-6], RETAIN=1;
-* **shared**: a record of a share group this node holds the partition of, to one member.
+* **shared**: a record of a share group this node holds the partition of, to one member;
+* **local**: a message of the node's own for its own clients only, not in the log (``$SYS``
+  totals, ``frontend.systree``, computed from what :class:`Watchers` inside the node read).
 
 Each record reaches a client once, at the highest QoS its matching subscriptions granted (the
 index's match returns each client once with that), capped by the message's own [MQTT-3.3.5-1].
@@ -22,10 +24,11 @@ A client whose queue is full reads on from the log (``router.backlog``): the log
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from frontend.mqtt import topics
 from frontend.mqtt.codec import PublishTemplate
+from frontend.mqtt.message import Message
 from frontend.mqtt.session import Outbound, Session
 from router.backlog import Backlog
 from router.delivery import Client, Counters, Subscriber, delivery_qos, template_for
@@ -34,6 +37,10 @@ from router.partitioner import Router
 from router.record import Record
 from router.shared import ShareGroup, consumer_config, group_id
 from router.subscriptions import Subscriptions
+
+WATCHER = "\0watch:"
+"""Client id prefix of the node's own readers (:meth:`Dispatcher.watch`): no client's id
+contains U+0000 [MQTT-1.5.3-2], so none can collide."""
 
 
 class Dispatcher:
@@ -49,6 +56,7 @@ class Dispatcher:
         self.touched: set[str] = set()
         """Persistent sessions given a message since the session manager last took this."""
         self._shares: dict[tuple[str, str], ShareGroup] = {}
+        self.watchers = Watchers(self.subscriptions)
 
     # -- clients ------------------------------------------------------------------------------
 
@@ -96,6 +104,10 @@ class Dispatcher:
     @property
     def client_count(self) -> int:
         return len(self._clients)
+
+    @property
+    def subscription_count(self) -> int:  # walks the clients: for periodic figures only
+        return sum(len(c.session.subscriptions) for c in self._clients.values())
 
     # -- subscriptions ------------------------------------------------------------------------
 
@@ -165,6 +177,7 @@ class Dispatcher:
         for client_id, granted in targets.items():
             client = self._clients.get(client_id)
             if client is None:
+                self.watchers.hear(client_id, rec)
                 continue
             qos = delivery_qos(granted, message.qos)
             if client.behind is not None or (qos and not client.session.has_room()):
@@ -173,6 +186,17 @@ class Dispatcher:
             template = template_for(message, qos, cache)
             out = Outbound(message, qos, False, template, 0, False, rec.partition, rec.offset)
             self._deliver(client, out)
+
+    def deliver_local(self, message: Message) -> None:
+        """Give ``message`` to this node's clients subscribed to it, not through the log: a
+        message of the node's own for its own clients only (``frontend.systree``)."""
+        cache: dict[int, PublishTemplate] = {}
+        for client_id, granted in self.subscriptions.granted(message.topic).items():
+            client = self._clients.get(client_id)
+            if client is not None:
+                qos = delivery_qos(granted, message.qos)
+                template = template_for(message, qos, cache)
+                self._deliver(client, Outbound(message, qos, False, template))
 
     def _deliver(self, client: Client, out: Outbound) -> None:
         self.counters.messages_delivered += 1
@@ -267,3 +291,35 @@ class Dispatcher:
 
     def share_names(self) -> list[str]:
         return [f"$share/{g}/{f}" for g, f in self._shares]
+
+
+class Watchers:
+    """Readers inside the node (``frontend.systree``): each has every record matching its filter
+    read live from when it starts watching.  Not clients, so neither connected nor counted; the
+    partitions a watcher needs are read while it watches, like a client's."""
+
+    def __init__(self, subscriptions: Subscriptions) -> None:
+        self.subscriptions = subscriptions
+        self._watching: dict[str, tuple[Session, Callable[[Record], None]]] = {}
+
+    async def watch(self, topic_filter: str, on_record: Callable[[Record], None]) -> None:
+        session = Session(WATCHER + topic_filter, True, 1, 0)
+        self._watching[session.client_id] = (session, on_record)
+        try:
+            await self.subscriptions.add(session, [(topic_filter, 0)])
+        except Exception:
+            del self._watching[session.client_id]
+            raise
+        for rec in self.subscriptions.activate(session.client_id, [topic_filter]):
+            on_record(rec)
+
+    def unwatch(self, topic_filter: str) -> None:
+        watcher = self._watching.pop(WATCHER + topic_filter, None)
+        if watcher is not None:
+            self.subscriptions.remove(watcher[0], [topic_filter])
+
+    def hear(self, client_id: str, rec: Record) -> None:
+        """``rec`` matched ``client_id``, who is no connected client: a watcher's, if it is one."""
+        watcher = self._watching.get(client_id)
+        if watcher is not None:
+            watcher[1](rec)

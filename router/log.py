@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,34 @@ PUMP_QUIET_AFTER = 50
 
 DeliveryCallback = Callable[[int, int, str | None], None]
 """Called in the event loop with (partition, offset, error); error is None once durable."""
+
+
+LATENCY_BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+"""Upper bounds of the produce latency histogram's buckets (``/metrics``), in milliseconds."""
+
+
+class LatencyHistogram:
+    """Produce latencies in fixed buckets: per acknowledged message, librdkafka's own measure
+    (``produce()`` to the broker's acknowledgement, ``Message.latency()``), one bisect and two
+    additions; nothing is kept per message."""
+
+    __slots__ = ("_bounds", "counts", "sum")
+
+    def __init__(self) -> None:
+        self._bounds = [ms / 1000 for ms in LATENCY_BUCKETS_MS]
+        self.counts = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+        """Per bucket (not cumulative); the last counts what took longer than the last bound."""
+        self.sum = 0.0
+        """Seconds, all latencies added up."""
+
+    def observe(self, seconds: float | None) -> None:
+        if seconds is not None:
+            self.counts[bisect_left(self._bounds, seconds)] += 1
+            self.sum += seconds
+
+    def snapshot(self) -> dict[str, object]:
+        return {"buckets_ms": list(LATENCY_BUCKETS_MS), "counts": list(self.counts),
+                "sum_seconds": self.sum}  # fmt: skip
 
 
 _TRANSIENT = frozenset({
@@ -87,6 +116,7 @@ class KafkaLog:
         self.available = False
         self.produced = 0
         self.produce_errors = 0
+        self.latency = LatencyHistogram()
         self.reader = LogReader(settings.topic, settings.fetch_batch)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._producer: Producer | None = None
@@ -107,6 +137,9 @@ class KafkaLog:
             # Small requests on a quiet link otherwise wait for the previous one's ACK (Nagle
             # meeting delayed ACKs): tens to hundreds of milliseconds of tail latency.
             "socket.nagle.disable": True,
+            # librdkafka backs off reconnecting up to 10 s by default: a broker that is back
+            # would wait that long for its first PUBLISH; 1 s at most bounds it.
+            "reconnect.backoff.max.ms": 1000,
         }
 
     def consumer(self, group_id: str, **config: Any) -> Consumer:
@@ -207,6 +240,7 @@ class KafkaLog:
 
             def callback(err: KafkaError | None, msg: Any) -> None:
                 # Runs inside the pump's poll(), which then takes the list: look it up each time.
+                self.latency.observe(msg.latency())
                 self._reports.append(
                     (on_delivery, msg.partition(), msg.offset(), err.str() if err else None)
                 )
@@ -232,7 +266,8 @@ class KafkaLog:
         """Call ``callback`` in the loop once the producer queue has room again."""
         self._blocked.append(callback)
 
-    def _count_delivery(self, err: KafkaError | None, _msg: Any) -> None:
+    def _count_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        self.latency.observe(msg.latency())
         if err is not None:
             self.produce_errors += 1
             log.warning("a QoS 0 message was lost by Kafka: %s", err.str())

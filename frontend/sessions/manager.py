@@ -87,6 +87,9 @@ class SessionManager:
         """Of those, the ones another node asked for meanwhile."""
         self.opening_waited = 0
         """Store requests of CONNECTs that waited for their turn (admission control)."""
+        self.live = [0, 0]  # sessions served here now: [clean, persistent]
+        self.resumed = self.takeovers = self.takeovers_forced = 0
+        """CONNECTs with a stored session; sessions taken from a connection, and by force."""
         self.saver = Saver(self.node_id, store, dispatcher)
 
     def join_cluster(
@@ -139,6 +142,7 @@ class SessionManager:
         if stored is not None:
             session.restore_inflight(stored, [_restore(o) for o in stored.inflight])
         owned = Owned(lease, session, holder)
+        self.live[owned.persistent] += 1
         self.saver.went_live(owned)
         self.dispatcher.attach(session, holder)
         return owned
@@ -169,6 +173,7 @@ class SessionManager:
         if stored is not None and stored.subscriptions:
             task = asyncio.get_running_loop().create_task(self.resume(owned, stored))
             task.add_done_callback(lambda done: _report_failure(done, holder))
+        self.resumed += stored is not None
         return owned, stored is not None
 
     def release_requested(self, client_id: str) -> None:
@@ -197,18 +202,21 @@ class SessionManager:
         deadline = time.monotonic() + FORCE_AFTER
         asked: str | None = None
         """The owner asked to let go; a session that moved on meanwhile is asked for again."""
-        force = False
+        force = busy = False
         pause = POLL_FIRST
         while True:
             ask = functools.partial(self.store.acquire, client_id, self.node_id, clean, force)
             answer = await self._admitted(ask)
             if not isinstance(answer, Busy):
+                self.takeovers += busy
                 if answer.orphaned_will is not None:
                     self.wills.publish_orphaned([answer.orphaned_will])
                 if force and asked is not None and self.coordinator is not None:
+                    self.takeovers_forced += 1
                     tell = self.coordinator.tell_taken(asked, client_id, answer.lease.token)
                     in_background(tell, client_id, "telling the old owner it lost the session")
                 return answer.lease, answer.state
+            busy = True
             if answer.owner == self.node_id:
                 force = not await self._release_local(client_id)
             elif answer.owner != asked:
@@ -287,6 +295,7 @@ class SessionManager:
 
     def release(self, owned: Owned) -> None:
         """The connection ended: store what lasts (in the background), forget the rest here."""
+        self.live[owned.persistent] -= 1
         self.saver.release(owned)
         self.dispatcher.detach(owned.session, owned.holder)
 

@@ -88,8 +88,8 @@ class Saver:
         self._active: dict[str, Owned] = {}
         """Of those, the ones given a message since the last round, or still holding one."""
         self.releasing: dict[str, asyncio.Task[None]] = {}
-        self._unreleased: dict[str, tuple[Lease, StoredSession]] = {}
-        """Released persistent sessions whose state is not stored yet (retried each round)."""
+        self._unreleased: dict[str, tuple[Lease, StoredSession | None]] = {}
+        """Released sessions not let go of yet, with the state to store (retried each round)."""
         self._task: asyncio.Task[None] | None = None
         self._seq = 0
         """The number of this node's last checkpoint."""
@@ -174,11 +174,11 @@ class Saver:
         self.keep(owned.lease, state)
 
     def keep(self, lease: Lease, state: StoredSession | None) -> None:
-        """Let go of ``lease``'s session, storing ``state`` (None: forget it), in the
-        background; a failure is retried each round."""
+        """Let go of ``lease``'s session, storing ``state`` (None: forget it, and its will), in
+        the background; a failure is retried each round, so a will a clean DISCONNECT dropped
+        while Redis was away is never published later by whoever sweeps this node."""
         client_id = lease.client_id
-        if state is not None:
-            self._unreleased[client_id] = (lease, state)
+        self._unreleased[client_id] = (lease, state)
         task = asyncio.get_running_loop().create_task(self.store.release(lease, state))
         self.releasing[client_id] = task
         task.add_done_callback(lambda _: self._kept(lease, task))
@@ -216,7 +216,8 @@ class Saver:
             elif session.settled() and not self.dispatcher.is_behind(session):
                 del self._active[client_id]
         for _, state in self._unreleased.values():
-            _lower(lowest, state.positions)
+            if state is not None:
+                _lower(lowest, state.positions)
         await self._checkpoint(lowest)
         if saves:
             answers = await self.store.save_many([(o.lease, state) for o, _, state in saves])

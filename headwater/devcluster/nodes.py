@@ -141,6 +141,20 @@ def answers_ready(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> bool
         connection.close()
 
 
+def ready_answer(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> str:
+    """What `GET /ready` on host:port answers: `200 ready`, `503 draining`, ... or `down`."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("GET", "/ready")
+        response = connection.getresponse()
+        reasons = response.read().decode(errors="replace").strip().replace("\n", "; ")
+        return f"{response.status} {reasons}"
+    except (OSError, http.client.HTTPException):
+        return "down"
+    finally:
+        connection.close()
+
+
 def launch_node(spec: NodeSpec, log_dir: Path) -> ChildProcess:
     """Spawn one node without waiting for it."""
     return ChildProcess.spawn(spec.node_id, spec.argv(), log_dir / f"{spec.node_id}.log")

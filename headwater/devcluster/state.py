@@ -1,16 +1,17 @@
 """The state file of a dev cluster: who runs, where, and how to find them again.
 
 `<state-dir>/headwater.json` records the `dev up` process and each child it started (pid, start
-time, log), plus the endpoints. It is rewritten atomically (write, then rename) each time a child
-starts, so that after a crash it still lists everything that may be running; a clean stop removes
-it.
+time, log, ports, whether it runs or is being restarted, how often it was, since when it runs),
+plus the endpoints. It is rewritten atomically (write, then rename) each time a child starts or
+restarts, so that after a crash it still lists everything that may be running, and `dev status`,
+`dev restart` and `dev roll` read it; a clean stop removes it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,19 @@ class ProcessRecord:
     pid: int
     start_ticks: int | None
     log: str = ""
+    state: str = "running"
+    """`running`, `restarting` (exited; the supervisor starts it again) or `stopped`."""
+    restarts: int = 0
+    since: float = 0.0
+    """When the current process started (seconds since the epoch)."""
+    ports: list[int] = field(default_factory=list)
+    ready_port: int | None = None
+    """A front-end node's stats port, where `GET /ready` answers; None for other processes."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcessRecord:
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
 
     @property
     def identity(self) -> ProcessIdentity:
@@ -48,8 +62,8 @@ class ClusterState:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterState:
         return cls(
-            parent=ProcessRecord(**data["parent"]),
-            children=[ProcessRecord(**child) for child in data.get("children", [])],
+            parent=ProcessRecord.from_json(data["parent"]),
+            children=[ProcessRecord.from_json(child) for child in data.get("children", [])],
             endpoints=dict(data.get("endpoints", {})),
         )
 

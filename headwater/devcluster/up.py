@@ -14,7 +14,9 @@ each through to the nodes' listeners of that kind with a PROXY v2 header, so eve
 `--proxy-protocol`. TLS ends at the node, with a server certificate of the dev CA that the first
 start makes in `<state-dir>/certs` and later starts reuse; the CA's path is printed, for clients.
 
-While up, the children are watched: if one exits, the cluster is stopped and the exit reported.
+While up, the children are supervised (`headwater.devcluster.supervisor`): one that exits is
+started again on the same ports and state directory, with backoff, and the rest run on. A child
+that fails during start-up still stops everything, with the exit reported.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -42,7 +44,8 @@ from headwater.devcluster.state import (
     state_path,
     write_state,
 )
-from headwater.errors import Cancelled, ServiceError, SettingError
+from headwater.devcluster.supervisor import Launch, Supervised, Supervisor
+from headwater.errors import Cancelled, SettingError
 from headwater.services import kafka_admin, redis_server
 from headwater.services.haproxy import LocalHAProxy, Server, require_haproxy
 from headwater.services.kafka import LocalKafkaCluster
@@ -65,6 +68,11 @@ DEFAULT_TLS_PORT = 8883
 DEFAULT_WS_PORT = 8080
 WS_PATH = "/mqtt"
 READY_LINE = "headwater: ready (Ctrl-C to stop)"
+WATCH_INTERVAL = 0.2
+"""Seconds between two looks at the children."""
+NODE_STOP_TIMEOUT = 35.0
+"""Seconds a node has to drain before SIGKILL: longer than its longest drain (``frontend.node``:
+``DRAIN_PUBLISHES`` + ``DRAIN_RELEASES`` + the producer's flush, 10 s each); usually < 1 s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,18 +115,21 @@ class DevCluster:
         self.out = out
         self.state_dir = options.state_dir.resolve()
         self.stack = contextlib.ExitStack()
-        self.children: list[ChildProcess] = []
         self.kafka_brokers = 0  # local brokers; 0 with an external Kafka
         self.certs: DevCerts | None = None
         pid = os.getpid()
         self.state = ClusterState(parent=ProcessRecord("headwater dev up", pid, start_ticks(pid)))
+        self.supervisor = Supervisor(
+            self.state, lambda: write_state(self.state_dir, self.state), out
+        )
 
     def __enter__(self) -> DevCluster:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.children:
+        if self.supervisor.services:
             print("headwater: stopping...", file=self.out, flush=True)
+            self.supervisor.stopping()
         self.stack.close()
 
     def preflight(self) -> None:
@@ -195,8 +206,9 @@ class DevCluster:
         kafka = self.local_kafka(brokers)
         self.stack.callback(kafka.stop)
         started = time.monotonic()
-        for child in kafka.launch():
-            self._track(child)
+        for node, child in zip(kafka.nodes, kafka.launch(), strict=True):
+            assert node.ports is not None
+            self._track(child, node.launch, [node.ports.broker, node.ports.controller])
         bootstrap = kafka.wait_ready()
         self._say(f"Kafka ready at {bootstrap} in {time.monotonic() - started:.1f}s")
         return self._endpoint("kafka", bootstrap)
@@ -208,7 +220,9 @@ class DevCluster:
             return self._endpoint("redis", external)
         redis = LocalRedis(self.state_dir / "redis", appendonly=True, cancel=self.cancel)
         self.stack.callback(redis.stop)
-        self._track(redis.launch())
+        child = redis.launch()
+        assert redis.port is not None
+        self._track(child, lambda: relaunch_redis(redis), [redis.port])
         url = redis.wait_ready()
         return self._endpoint("redis", url)
 
@@ -249,10 +263,12 @@ class DevCluster:
             ws=bool(options.ws_port),
             security=self.node_security(),
         )
+        log_dir = self.state_dir / "nodes"
         for spec in specs:
-            child = launch_node(spec, self.state_dir / "nodes")
-            self.stack.callback(child.stop, 15.0)
-            self._track(child)
+            child = launch_node(spec, log_dir)
+            ports = [p for p in (spec.port, spec.tls_port, spec.ws_port, spec.stats_port) if p]
+            node = self._track(child, _node_launcher(spec, log_dir), ports, spec.stats_port)
+            self.stack.callback(_stop_current, node)
             wait_node(spec, child, self.cancel)
             self._endpoint(spec.node_id, spec.address)
             self._endpoint(f"{spec.node_id} stats", spec.stats_url)
@@ -276,7 +292,7 @@ class DevCluster:
             cancel=self.cancel,
         )
         self.stack.callback(haproxy.stop)
-        self._track(haproxy.launch())
+        self._track(haproxy.launch(), haproxy.launch, [port for port, _ in options.public_ports()])
         address = haproxy.wait_ready()
         self._endpoint("mqtt", address)
         if options.tls_port:
@@ -295,17 +311,19 @@ class DevCluster:
         print(READY_LINE, file=self.out, flush=True)
 
     def watch(self) -> None:
-        """Block until a stop is requested; raise if a child exits on its own."""
-        while not self.cancel.wait(0.5):
-            for child in self.children:
-                if child.poll() is not None:
-                    raise ServiceError(child.describe_exit())
+        """Block until a stop is requested, restarting the children that exit meanwhile."""
+        while not self.cancel.wait(WATCH_INTERVAL):
+            self.supervisor.poll()
 
-    def _track(self, child: ChildProcess) -> None:
-        self.children.append(child)
-        ticks = child.identity.start_ticks
-        self.state.children.append(ProcessRecord(child.name, child.pid, ticks, str(child.log_path)))
-        write_state(self.state_dir, self.state)
+    def _track(
+        self,
+        child: ChildProcess,
+        launch: Launch,
+        ports: Sequence[int] = (),
+        ready_port: int | None = None,
+    ) -> Supervised:
+        """Record `child` in the state file and supervise it; `launch` starts it again."""
+        return self.supervisor.add(child, launch, ports, ready_port)
 
     def _endpoint(self, name: str, value: str) -> str:
         self.state.endpoints[name] = redact(value) if name == "redis" else value
@@ -353,6 +371,24 @@ def client_examples(options: UpOptions, cafile: Path | None) -> list[str]:
             "(subprotocol mqtt)"
         )
     return lines
+
+
+def relaunch_redis(redis: LocalRedis) -> ChildProcess:
+    """Start the cluster's Redis again on its port and directory (its append-only file keeps the
+    sessions): `LocalRedis.launch` would pick a new port, which the nodes do not know."""
+    assert redis.port is not None, "a Redis is relaunched only after its first launch"
+    argv = redis.argv(require_redis_server(), redis.port)
+    redis.child = ChildProcess.spawn("redis", argv, redis.state_dir / "redis.log")
+    return redis.child
+
+
+def _stop_current(service: Supervised) -> None:
+    """Stop the process a service runs now (the supervisor may have replaced the first one)."""
+    service.child.stop(NODE_STOP_TIMEOUT)
+
+
+def _node_launcher(spec: NodeSpec, log_dir: Path) -> Launch:
+    return lambda: launch_node(spec, log_dir)
 
 
 def _absolute(path: Path | None) -> Path | None:

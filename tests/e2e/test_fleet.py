@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import signal
 
+import pytest
 import redis.asyncio as aioredis
 
 from frontend.mqtt.channel import Limits
@@ -63,6 +64,7 @@ async def test_a_subscriber_whose_queue_fills_reads_on_from_the_log_and_loses_no
     await publisher.close()
 
 
+@pytest.mark.fault
 async def test_a_node_killed_under_a_live_persistent_subscriber_loses_nothing_acknowledged(
     start_node: NodeFactory, kafka_bootstrap: str, log_topic: str, redis_url: str, redis_prefix: str
 ) -> None:

@@ -106,6 +106,7 @@ async def receive_forever(client: RawClient, received: set[int]) -> None:
         received.add(int(packet.payload))
 
 
+@pytest.mark.fault
 async def test_killing_the_partition_leader_loses_no_acknowledged_message(
     kafka_cluster: LocalKafkaCluster, failover_topic: str, node_ports: tuple[int, int]
 ) -> None:

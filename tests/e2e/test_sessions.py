@@ -288,6 +288,7 @@ async def kill(proc: asyncio.subprocess.Process) -> None:
     await proc.wait()
 
 
+@pytest.mark.fault
 async def test_wills_of_a_killed_node_are_published_once_by_another_node(
     nodes: list[Node], node_process: NodeProcess, will_watcher: RawClient, stored: Stored
 ) -> None:
@@ -311,6 +312,7 @@ async def test_wills_of_a_killed_node_are_published_once_by_another_node(
     assert sum(n.sessions.wills.orphaned for n in nodes) == 1
 
 
+@pytest.mark.fault
 async def test_a_client_back_at_once_after_its_node_died_gets_its_will_out_first(
     nodes: list[Node], node_process: NodeProcess, will_watcher: RawClient, stored: Stored
 ) -> None:
@@ -335,6 +337,7 @@ async def test_a_client_back_at_once_after_its_node_died_gets_its_will_out_first
     await meter.close()
 
 
+@pytest.mark.fault
 async def test_a_stuck_nodes_idle_session_taken_by_force_is_closed_without_a_second_will(
     nodes: list[Node], node_process: NodeProcess, will_watcher: RawClient, stored: Stored
 ) -> None:

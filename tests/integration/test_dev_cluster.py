@@ -18,10 +18,12 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from headwater.devcluster.nodes import NodeSpec
+from headwater.devcluster.supervisor import Supervised
 from headwater.devcluster.up import READY_LINE, DevCluster, UpOptions, run_up
 from headwater.errors import ServiceError
 from headwater.services.ports import port_accepts
@@ -304,9 +306,9 @@ def test_a_node_that_exits_early_is_reported_and_everything_stops(
     spawned: list[ProcessIdentity] = []
     original_track = DevCluster._track
 
-    def track(cluster: DevCluster, child: ChildProcess) -> None:
+    def track(cluster: DevCluster, child: ChildProcess, *args: Any) -> Supervised:
         spawned.append(child.identity)
-        original_track(cluster, child)
+        return original_track(cluster, child, *args)
 
     monkeypatch.setattr(DevCluster, "_track", track)
     options = UpOptions(nodes=2, port=free_port(), state_dir=tmp_path / "state", partitions=3)

@@ -61,6 +61,7 @@ def test_an_existing_topic_replicated_otherwise_is_used_with_a_warning(
     assert replication_of(kafka_cluster.bootstrap, topic_name) == Replication(3, 2)
 
 
+@pytest.mark.fault
 def test_dev_up_with_three_kafka_brokers(tmp_path: Path, redis_url: str) -> None:
     env = {
         k: v

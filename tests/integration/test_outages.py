@@ -56,6 +56,7 @@ def node_config(bootstrap: str, topic: str, redis_url: str | None = None) -> Nod
     )  # fmt: skip
 
 
+@pytest.mark.fault
 async def test_kafka_outage_gives_connack_3_and_no_early_puback(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,6 +129,7 @@ async def restart_on_its_port(redis: LocalRedis, tmp_path: Path) -> None:
     await asyncio.to_thread(redis.wait_ready)
 
 
+@pytest.mark.fault
 async def test_redis_outage_refuses_new_sessions_and_recovers(
     tmp_path: Path, kafka_bootstrap: str, topic_name: str
 ) -> None:
@@ -146,6 +148,7 @@ async def test_redis_outage_refuses_new_sessions_and_recovers(
         await live.close()
 
 
+@pytest.mark.fault
 async def test_redis_stuck_mid_storm_refuses_new_sessions_only_and_loses_nothing_acknowledged(
     tmp_path: Path, kafka_bootstrap: str, topic_name: str
 ) -> None:
@@ -189,6 +192,7 @@ async def test_redis_stuck_mid_storm_refuses_new_sessions_only_and_loses_nothing
         await live.close()
 
 
+@pytest.mark.fault
 async def test_ready_turns_off_while_redis_is_unreachable_and_live_stays_on(
     tmp_path: Path, kafka_bootstrap: str, topic_name: str
 ) -> None:

@@ -1,0 +1,163 @@
+"""Log lines: text or JSON, and repeated warnings and errors summarised.
+
+:func:`setup_logging` gives the root logger one handler on stderr, as ``logging.basicConfig`` does
+(and, like it, nothing when the root has a handler already): a text line per record, or with
+``--log-format json`` one JSON object per line (:class:`JsonFormatter`).
+
+:class:`RepeatFilter`, on that handler, keeps an outage from writing a line per client.  A record
+of WARNING or worse opens a window (10 s) for its logger, level and template (``record.msg``,
+before ``%`` formatting) and passes; the same kind again within the window is counted and
+dropped.  When the window is over, one line says how many were dropped and what the last said.
+INFO and below pass untouched.  The open windows sit in one dict in the order they opened, so the
+expired ones are all at its front: every record, of any kind, first closes those (amortised O(1)),
+one daemon thread does the same every window for a log gone quiet, and the last ones close at
+exit.  Nothing runs per key, and the dict is bounded: when full, the oldest window closes early.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+WINDOW = 10.0
+"""Seconds a kind of warning or error is written once in."""
+MAX_WINDOWS = 1024
+"""Kinds followed at once; one more closes the oldest window early."""
+SUMMARY = "headwater_repeat_summary"
+"""The attribute that marks a summary record, which the filter lets through."""
+
+
+def setup_logging(level: str, form: str) -> None:
+    """Log to stderr at ``level``, as ``text`` or ``json`` lines, repeats summarised."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if form == "json" else logging.Formatter(TEXT_FORMAT))
+    repeats = RepeatFilter(handler.handle)
+    handler.addFilter(repeats)
+    logging.basicConfig(level=level, handlers=[handler])
+    if handler in logging.getLogger().handlers:
+        threading.Thread(target=repeats.flush_forever, name="log-repeats", daemon=True).start()
+        atexit.register(repeats.flush, everything=True)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (ISO 8601, UTC), level, logger, message, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        moment = datetime.fromtimestamp(record.created, UTC)
+        line = {
+            "time": moment.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line)
+
+
+@dataclass(slots=True)
+class _Window:
+    """One kind of record seen lately: since when, and what was dropped since."""
+
+    opened: float
+    name: str
+    levelno: int
+    template: str
+    dropped: int = 0
+    last: str = ""
+
+
+class RepeatFilter(logging.Filter):
+    """Passes a WARNING-or-worse record once per window per kind; ``emit`` writes the summaries."""
+
+    def __init__(
+        self,
+        emit: Callable[[logging.LogRecord], object],
+        window: float = WINDOW,
+        max_windows: int = MAX_WINDOWS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.window = window
+        self._emit = emit
+        self._max_windows = max_windows
+        self._clock = clock
+        self._open: dict[tuple[str, int, str], _Window] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, SUMMARY, False):
+            return True
+        closed: list[_Window] = []
+        with self._lock:
+            now = self._clock()
+            self._close_expired(now, closed)
+            passed = record.levelno < logging.WARNING or self._admit(record, now, closed)
+        self._write(closed)
+        return passed
+
+    def flush(self, everything: bool = False) -> None:
+        """Close the windows that are over (all of them with ``everything``), with their lines."""
+        closed: list[_Window] = []
+        with self._lock:
+            self._close_expired(float("inf") if everything else self._clock(), closed)
+        self._write(closed)
+
+    def flush_forever(self) -> None:
+        """Flush once a window, for a log gone quiet (the body of one daemon thread)."""
+        while True:
+            time.sleep(self.window)
+            self.flush()
+
+    def _admit(self, record: logging.LogRecord, now: float, closed: list[_Window]) -> bool:
+        key = (record.name, record.levelno, str(record.msg))
+        seen = self._open.get(key)
+        if seen is not None:
+            seen.dropped += 1
+            seen.last = _message(record)
+            return False
+        if len(self._open) >= self._max_windows:
+            closed.append(self._open.pop(next(iter(self._open))))
+        self._open[key] = _Window(now, record.name, record.levelno, key[2])
+        return True
+
+    def _close_expired(self, now: float, closed: list[_Window]) -> None:
+        while self._open:
+            oldest = next(iter(self._open))
+            if now - self._open[oldest].opened < self.window:
+                return
+            closed.append(self._open.pop(oldest))
+
+    def _write(self, closed: list[_Window]) -> None:
+        for window in closed:
+            if window.dropped:
+                self._emit(self._summary(window))
+
+    def _summary(self, window: _Window) -> logging.LogRecord:
+        times = "time" if window.dropped == 1 else "times"
+        text = (
+            f'"{window.template}" repeated {window.dropped} more {times} '
+            f"in the last {self.window:g} s (last: {window.last})"
+        )
+        record = logging.LogRecord(window.name, window.levelno, "", 0, text, None, None)
+        setattr(record, SUMMARY, True)
+        return record
+
+
+def _message(record: logging.LogRecord) -> str:
+    """The record's text; its template if its arguments do not fit (never raise while logging)."""
+    try:
+        return record.getMessage()
+    except Exception:
+        return str(record.msg)

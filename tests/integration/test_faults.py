@@ -1,0 +1,236 @@
+"""Kafka and Redis killed under load and started again, as an operator or a crash would: what the
+clients saw.  Each test runs its own Kafka or Redis (the session's must stay up), SIGKILLs it and
+starts it again on the same ports.
+
+* Kafka: PUBACKs resume within 2 s of Kafka taking writes again, new clients are accepted again as
+  soon, and a subscriber that stayed connected gets every message that was acknowledged.
+* Redis: no node is judged dead from a Redis that has just come back (no spurious will), the
+  node's pooled connections are made again at once (CONNECTs accepted within seconds), and a
+  clean DISCONNECT made while Redis was away leaves nothing behind that could publish its will.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from frontend.mqtt.packets import (
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Publish,
+    Will,
+)
+from frontend.node import Node
+from frontend.sessions.redis import ALIVE_SECONDS
+from headwater.services.kafka import LocalKafka
+from headwater.services.kafka_admin import ensure_topic
+from headwater.services.redis_server import LocalRedis
+from tests.e2e.conftest import eventually
+from tests.e2e.rawmqtt import RawClient
+from tests.integration.test_outages import (
+    connack_code,
+    node_config,
+    restart_on_its_port,
+    wait_for_connack,
+)
+
+pytestmark = [pytest.mark.fault, pytest.mark.timeout(240)]
+
+PUBLISH_EVERY = 0.02
+"""Seconds between two PUBLISHes of the load (50/s), before, during and after the fault."""
+
+
+@dataclass
+class Load:
+    """A QoS 1 publisher that keeps sending whether or not PUBACKs come, and a persistent
+    subscriber that acknowledges what it gets: what was acknowledged and what arrived."""
+
+    publisher: RawClient
+    subscriber: RawClient
+    sent: dict[int, bytes] = field(default_factory=dict)
+    acked: list[tuple[float, bytes]] = field(default_factory=list)
+    received: list[bytes] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    sending: bool = True
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.tasks = [
+            loop.create_task(self._send()),
+            loop.create_task(self._acks()),
+            loop.create_task(self._receive()),
+        ]
+
+    async def _send(self) -> None:
+        number = 0
+        while self.sending:
+            packet_id = number % 65535 + 1
+            payload = b"m%d" % number
+            self.sent[packet_id] = payload
+            await self.publisher.send(Publish("load/t", payload, 1, packet_id=packet_id))
+            number += 1
+            await asyncio.sleep(PUBLISH_EVERY)
+
+    async def _acks(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            packet = await self.publisher.recv(timeout=600)
+            assert isinstance(packet, Puback), packet
+            self.acked.append((loop.time(), self.sent.pop(packet.packet_id)))
+
+    async def _receive(self) -> None:
+        while True:
+            packet = await self.subscriber.recv(timeout=600)
+            assert isinstance(packet, Publish), packet
+            await self.subscriber.send(Puback(packet.packet_id or 0))
+            self.received.append(packet.payload)
+
+    def first_ack_after(self, moment: float) -> float:
+        return min(at for at, _ in self.acked if at > moment)
+
+    def undelivered(self) -> set[bytes]:
+        return {payload for _, payload in self.acked} - set(self.received)
+
+    async def stop(self) -> None:
+        self.sending = False
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def writable(bootstrap: str, topic: str) -> None:
+    """Return once a fresh producer's write to ``topic`` is acknowledged."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    done: list[bool] = []
+    while not any(done):
+        producer.produce(topic, b"probe", on_delivery=lambda err, _: done.append(err is None))
+        await asyncio.to_thread(producer.flush, 1.0)
+
+
+async def test_kafka_killed_and_restarted_pubacks_resume_within_2s_and_nothing_acked_is_lost(
+    tmp_path: Path,
+) -> None:
+    kafka = LocalKafka(tmp_path / "kafka")
+    bootstrap = await asyncio.to_thread(kafka.start)
+    node: Node | None = None
+    load: Load | None = None
+    try:
+        for topic in ("faults", "probe"):
+            await asyncio.to_thread(ensure_topic, bootstrap, topic, 2, {})
+        node = Node(node_config(bootstrap, "faults"))
+        await node.start()
+        port = node.config.port
+        subscriber = await RawClient.connected(port, "k-sub", clean_session=False)
+        await subscriber.subscribe(("load/#", 1))
+        load = Load(await RawClient.connected(port, "k-pub"), subscriber)
+        load.start()
+        await eventually(lambda: len(load.acked) >= 50, what="the load acknowledged")
+
+        loop = asyncio.get_running_loop()
+        killed = loop.time()
+        await asyncio.to_thread(kafka.kill)
+        await asyncio.sleep(5)  # the outage itself
+        await asyncio.to_thread(kafka.launch)
+        await asyncio.to_thread(kafka.wait_ready)
+        await asyncio.wait_for(writable(bootstrap, "probe"), 60)
+        back = loop.time()
+        await eventually(lambda: any(at > killed for at, _ in load.acked), what="a PUBACK")
+        resumed = load.first_ack_after(killed) - back
+        assert resumed <= 2.0, f"PUBACKs resumed {resumed:.1f} s after Kafka took writes"
+        await wait_for_connack(port, 0, timeout=3)  # new clients accepted as soon
+
+        acked_before_stop = len(load.acked)
+        await eventually(lambda: len(load.acked) > acked_before_stop + 50, what="load after")
+        load.sending = False
+        await eventually(lambda: not load.sent, what="every PUBLISH acknowledged", timeout=30)
+        await eventually(
+            lambda: not load.undelivered(), what="every acknowledged message delivered", timeout=30
+        )
+        duplicates = len(load.received) - len(set(load.received))
+        print(f"PUBACKs resumed {resumed:+.2f} s after Kafka took writes; {len(load.acked)} "
+              f"acknowledged, all delivered, {duplicates} duplicates")  # fmt: skip
+    finally:
+        if load is not None:
+            await load.stop()
+        if node is not None:
+            await node.stop()
+        await asyncio.to_thread(kafka.stop)
+
+
+@contextlib.asynccontextmanager
+async def two_nodes_on_own_redis(
+    tmp_path: Path, bootstrap: str, topic: str
+) -> AsyncIterator[tuple[Node, Node, LocalRedis]]:
+    redis = LocalRedis(tmp_path / "redis", appendonly=True)
+    url = await asyncio.to_thread(redis.start)
+    await asyncio.to_thread(ensure_topic, bootstrap, topic, 2, {})
+    nodes: list[Node] = []
+    try:
+        for name in ("fa", "fb"):
+            config = node_config(bootstrap, topic, url)
+            config.node_id = name
+            nodes.append(Node(config))
+            await nodes[-1].start()
+        yield nodes[0], nodes[1], redis
+    finally:
+        for node in nodes:
+            await node.stop()
+        await asyncio.to_thread(redis.stop)
+
+
+async def test_redis_killed_and_restarted_publishes_no_spurious_will_and_keeps_no_stale_one(
+    tmp_path: Path, kafka_bootstrap: str, topic_name: str
+) -> None:
+    async with two_nodes_on_own_redis(tmp_path, kafka_bootstrap, topic_name) as (a, b, redis):
+        watcher = await RawClient.connected(b.config.port, "f-watcher")
+        await watcher.subscribe(("wills/#", 1))
+        willed = Will("wills/alive", b"alive went", 1)
+        alive = await RawClient.connected(
+            a.config.port, "f-alive", clean_session=False, will=willed
+        )
+        leaving = await RawClient.connected(
+            a.config.port, "f-leaving", will=Will("wills/leaving", b"leaving went", 1)
+        )
+
+        assert redis.child is not None
+        redis.child.popen.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(redis.child.popen.wait)
+        await leaving.send(Disconnect())  # clean, while Redis is away: its will is void
+        await leaving.expect_closed()
+        await asyncio.sleep(ALIVE_SECONDS + 1)  # the outage: every liveness key expires
+
+        loop = asyncio.get_running_loop()
+        await restart_on_its_port(redis, tmp_path)
+        back = loop.time()
+        for node in (a, b):  # pooled connections made again at once
+            await wait_for_connack(node.config.port, 0, timeout=5)
+        print(f"CONNACK 0 on both nodes {loop.time() - back:.1f} s after Redis came back")
+
+        # Two sweeps and a liveness key's lifetime later, no will was published: both nodes
+        # and their clients are alive, and the DISCONNECT's will is gone for good.
+        await watcher.expect_silence(ALIVE_SECONDS + 5)
+        await alive.send(Pingreq())
+        assert await alive.recv() == Pingresp()
+        store = a.sessions.store
+        await eventually(
+            lambda: _none_left(store, "f-leaving"), what="f-leaving's keys gone", timeout=10
+        )
+        assert await connack_code(a.config.port, "f-probe") == 0
+        await alive.close()
+        await watcher.close()
+
+
+async def _none_left(store: object, client_id: str) -> bool:
+    keys = store._keys(client_id)  # type: ignore[attr-defined]
+    return not await store.redis.exists(*keys)  # type: ignore[attr-defined]

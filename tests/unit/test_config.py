@@ -1,0 +1,205 @@
+"""The settings' sources (``frontend.config``, ``frontend.config_file``): flag > variable > file >
+default, what a file may hold, and the example file kept equal to the parser."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from frontend.config import ConfigError, NodeConfig, build_parser, config_from_args, log_settings
+from frontend.config_file import keys, kind, parse_args, render_example
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "headwater.example.toml"
+REQUIRED = 'node-id = "n1"\nkafka-bootstrap = "k:9092"\n'
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [name for name in os.environ if name.startswith("HEADWATER_")]:
+        monkeypatch.delenv(name)
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "headwater.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def node_config(argv: list[str]) -> NodeConfig:
+    return config_from_args(parse_args(argv))
+
+
+def error(argv: list[str]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        node_config(argv)
+    return str(caught.value)
+
+
+# -- precedence ------------------------------------------------------------------------------------
+
+FILE = REQUIRED + 'max-inflight = 7\nproxy-protocol = true\nlisten = "10.0.0.1:1884"\n'
+
+
+def test_defaults_without_a_file() -> None:
+    config = node_config(["--node-id", "n1", "--kafka-bootstrap", "k:9092"])
+    assert (config.limits.max_inflight, config.proxy_protocol) == (32, False)
+    assert (config.host, config.port) == ("127.0.0.1", 1883)
+
+
+def test_the_file_over_the_defaults(tmp_path: Path) -> None:
+    config = node_config(["--config", write(tmp_path, FILE)])
+    assert (config.node_id, config.kafka_bootstrap) == ("n1", "k:9092")
+    assert (config.limits.max_inflight, config.proxy_protocol) == (7, True)
+    assert (config.host, config.port) == ("10.0.0.1", 1884)
+
+
+def test_variables_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEADWATER_MAX_INFLIGHT", "9")
+    monkeypatch.setenv("HEADWATER_PROXY_PROTOCOL", "no")
+    monkeypatch.setenv("HEADWATER_LISTEN", "10.0.0.2:1885")
+    config = node_config(["--config", write(tmp_path, FILE)])
+    assert (config.limits.max_inflight, config.proxy_protocol) == (9, False)
+    assert (config.host, config.port) == ("10.0.0.2", 1885)
+
+
+def test_flags_over_the_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEADWATER_MAX_INFLIGHT", "9")
+    monkeypatch.setenv("HEADWATER_LISTEN", "10.0.0.2:1885")
+    argv = ["--config", write(tmp_path, FILE.replace("true", "false"))]
+    argv += ["--max-inflight", "11", "--proxy-protocol", "--listen", "10.0.0.3:1886"]
+    config = node_config(argv)
+    assert (config.limits.max_inflight, config.proxy_protocol) == (11, True)
+    assert (config.host, config.port) == ("10.0.0.3", 1886)
+
+
+def test_the_variable_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEADWATER_CONFIG", write(tmp_path, FILE))
+    assert node_config([]).limits.max_inflight == 7
+    other = tmp_path / "other.toml"
+    other.write_text(REQUIRED + "max-inflight = 5\n")
+    assert node_config(["--config", str(other)]).limits.max_inflight == 5
+
+
+def test_every_flag_has_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file yields to a variable by this name; the parser must read the same one."""
+    for key, action in keys(build_parser()).items():
+        name = "HEADWATER_" + key.replace("-", "_").upper()
+        monkeypatch.setenv(name, "from-the-variable")
+        assert build_parser().get_default(action.dest) == "from-the-variable", name
+
+
+def test_numeric_flags_take_toml_numbers() -> None:
+    """A flag with a numeric default needs ``metavar=INTEGER`` or ``SECONDS`` (its TOML type)."""
+    untyped = []
+    for key, action in keys(build_parser()).items():
+        with contextlib.suppress(TypeError, ValueError):
+            float(action.default)
+            if kind(action) == "text":
+                untyped.append(key)
+    assert untyped == []
+
+
+# -- what a file may hold --------------------------------------------------------------------------
+
+
+def test_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, REQUIRED + "max-infligt = 7\n")
+    message = error(["--config", path])
+    assert "'max-infligt'" in message and path in message
+    assert "max-inflight" in message  # the likely meant key
+
+
+def test_a_table_is_an_unknown_key(tmp_path: Path) -> None:
+    path = write(tmp_path, REQUIRED + "[tls]\ncertfile = 'a.pem'\n")
+    assert "'tls'" in error(["--config", path])
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('max-inflight = "7"', "an integer"),
+        ("max-inflight = true", "an integer"),
+        ("max-inflight = 7.5", "an integer"),
+        ('proxy-protocol = "yes"', "true or false"),
+        ("proxy-protocol = 1", "true or false"),
+        ("listen = 1883", "a string"),
+        ('session-expiry = "1h"', "a number of seconds"),
+        ('redis-prefix = ["a"]', "a string"),
+    ],
+)
+def test_a_wrong_type_is_refused(tmp_path: Path, line: str, expected: str) -> None:
+    path = write(tmp_path, REQUIRED + line + "\n")
+    message = error(["--config", path])
+    key = line.split(" =")[0]
+    assert f"{key} in {path}" in message and expected in message
+
+
+def test_numbers_of_either_toml_type_are_seconds(tmp_path: Path) -> None:
+    config = node_config(["--config", write(tmp_path, REQUIRED + "session-expiry = 90.5\n")])
+    assert config.session_expiry == 90.5
+
+
+def test_a_bad_value_names_flag_variable_key_and_file(tmp_path: Path) -> None:
+    path = write(tmp_path, REQUIRED + "max-inflight = 0\n")
+    message = error(["--config", path])
+    assert message.startswith(f"--max-inflight / HEADWATER_MAX_INFLIGHT / max-inflight in {path}: ")
+    assert "0 is outside 1..65535" in message
+
+
+def test_a_bad_port_in_the_file_names_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, REQUIRED + 'listen = "127.0.0.1:99999"\n')
+    assert f"--listen / HEADWATER_LISTEN / listen in {path}: 99999" in error(["--config", path])
+
+
+def test_a_value_from_elsewhere_names_no_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEADWATER_MAX_INFLIGHT", "0")
+    message = error(["--node-id", "n1", "--kafka-bootstrap", "k:9092"])
+    assert message == "--max-inflight / HEADWATER_MAX_INFLIGHT: 0 is outside 1..65535"
+
+
+def test_a_missing_or_broken_file_is_refused(tmp_path: Path) -> None:
+    assert "cannot read" in error(["--config", str(tmp_path / "absent.toml")])
+    assert "is not TOML" in error(["--config", write(tmp_path, "max-inflight = \n")])
+
+
+def test_log_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert log_settings(parse_args([])) == ("INFO", "text")
+    path = write(tmp_path, 'log-format = "json"\nlog-level = "warning"\n')
+    assert log_settings(parse_args(["--config", path])) == ("WARNING", "json")
+    monkeypatch.setenv("HEADWATER_LOG_FORMAT", "xml")
+    with pytest.raises(ConfigError, match="--log-format / HEADWATER_LOG_FORMAT: 'xml'"):
+        log_settings(parse_args([]))
+
+
+# -- the example file ------------------------------------------------------------------------------
+
+
+def example_keys() -> set[str]:
+    """The keys of the example, commented out or not."""
+    lines = EXAMPLE.read_text().splitlines()
+    settings = (line.removeprefix("# ") for line in lines if " = " in line)
+    return {line.split(" = ")[0] for line in settings if not line.startswith("#")}
+
+
+def test_the_example_has_every_key_and_no_other() -> None:
+    parser_keys = set(keys(build_parser()))
+    assert parser_keys - example_keys() == set(), "flags without a key in the example"
+    assert example_keys() - parser_keys == set(), "keys of the example without a flag"
+
+
+def test_the_example_holds_the_defaults() -> None:
+    assert tomllib.loads(EXAMPLE.read_text())  # it parses, and sets some keys
+    assert vars(parse_args(["--config", str(EXAMPLE)])) == {
+        **vars(parse_args([])),
+        "config": str(EXAMPLE),
+    }
+
+
+def test_the_example_is_generated_from_the_parser() -> None:
+    assert EXAMPLE.read_text() == render_example(build_parser()), (
+        "regenerate it: python -m frontend.config_file > docs/headwater.example.toml"
+    )
