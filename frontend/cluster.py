@@ -70,14 +70,17 @@ class Coordinator:
         self.node_id = node_id
         self._on_request = on_request
         self._on_taken = on_taken
-        self.redis_reachable = True
-        """The last heartbeat reached Redis (what ``/ready`` reports)."""
         self._on_wills = on_wills
         self._reachable_since: float | None = None
         """When this node's heartbeats began to reach Redis without a miss (the loop's clock)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._inbox: Any = None
         self._expiries: Any = None
+
+    @property
+    def redis_reachable(self) -> bool:
+        """The last heartbeat reached Redis (what ``/ready`` reports)."""
+        return self._reachable_since is not None
 
     async def start(self) -> None:
         redis = self.store.redis
@@ -136,10 +139,8 @@ class Coordinator:
         try:
             await self.store.heartbeat(self.node_id)
         except Exception:
-            self.redis_reachable = False
             self._reachable_since = None
             raise
-        self.redis_reachable = True
         if self._reachable_since is None:
             self._reachable_since = asyncio.get_running_loop().time()
 
