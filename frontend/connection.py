@@ -67,6 +67,8 @@ class Services:
     connections: set[MqttConnection] = field(default_factory=set)
     protocol_errors: int = 0
     subscriptions_refused: int = 0
+    draining: bool = False
+    """The node is draining: no connection reads any more (``Node.stop``)."""
     """SUBSCRIBE filters refused for ``Limits.max_subscriptions``."""
     connect_timeouts: int = 0
     """Connections closed for sending no CONNECT within ``connect_timeout``."""
@@ -391,7 +393,8 @@ class MqttConnection(asyncio.Protocol):
                 self.transport,
                 self.channel.pending_publishes >= self.services.limits.max_pending_publishes
                 or len(self._input.held or ()) >= DRAIN_BUDGET
-                or bool(self.publishing and self.publishing.blocked),
+                or bool(self.publishing and self.publishing.blocked)
+                or self.services.draining,
             )
 
     # -- CONNECT and SUBSCRIBE ------------------------------------------------------------------

@@ -131,7 +131,6 @@ class Node:
         """Every front door; the ports chosen for port 0 are written back at start."""
         self._servers: list[asyncio.Server] = []
         self._stats_server: asyncio.Server | None = None
-        self._draining = False
         self._redis: RedisClient | None = None
 
     @property
@@ -232,7 +231,7 @@ class Node:
 
     def not_ready(self) -> list[str]:
         """Why this node should not be given new clients now (``GET /ready``); none: it should."""
-        reasons = ["draining"] if self._draining else []
+        reasons = ["draining"] if self.services.draining else []
         if not self._servers or not all(server.is_serving() for server in self._servers):
             reasons.append("not accepting connections")
         if not self.log.available:
@@ -251,10 +250,12 @@ class Node:
         A close by the server publishes the client's will: MQTT 3.1.1 deletes a will only on
         DISCONNECT from the client [MQTT-3.1.2-8], and a drain is no such thing."""
         started = time.monotonic()
-        self._draining = True
+        self.services.draining = True
         for server in self._servers:
             server.close()
         self.doors.close()
+        for connection in list(self.connections):
+            connection.update_reading()  # no connection reads any more
         pending = sum(c.channel.pending_publishes for c in self.connections)
         closed, unfinished, persistent = await close_when_acknowledged(self.connections)
         stored = await wait_released(self.connections, self.sessions, persistent)
@@ -313,7 +314,6 @@ async def close_when_acknowledged(connections: set[MqttConnection]) -> tuple[int
             left = connection.channel.pending_publishes
             transport = connection.transport
             if left and not late and transport is not None and not transport.is_closing():
-                transport.pause_reading()  # again: an acknowledgement may have resumed it
                 continue
             waiting.discard(connection)
             if connection in connections:
