@@ -48,6 +48,8 @@ INTEGER = "N"
 SECONDS = "SECONDS"
 """The metavar of a flag whose file key is a TOML number (integer or float)."""
 LOG_FORMATS = ("text", "json")
+MAX_WORKERS = 64
+"""Processes of one node at most (``--workers``)."""
 
 
 LISTENER_KINDS = ("mqtt", "mqtts", "ws", "wss")
@@ -97,6 +99,8 @@ class NodeConfig:
     """Front doors besides the plain MQTT one at ``host``:``port``."""
     tls: TlsFiles | None = None
     proxy_protocol: bool = False
+    reuse_port: bool = False
+    """Listeners bound with ``SO_REUSEPORT`` (the workers of ``--workers``)."""
     """Every listener expects a PROXY protocol v1 or v2 header first (from a load balancer)."""
     max_connections: int = 0
     """Connections at once, at most; 0: no bound."""
@@ -135,6 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen",
         default=_env("LISTEN", "127.0.0.1:1883"),
         help="host:port to serve MQTT on [HEADWATER_LISTEN]",
+    )
+    p.add_argument(
+        "--workers",
+        metavar=INTEGER,
+        default=_env("WORKERS", "1"),
+        help="processes sharing the listening ports (SO_REUSEPORT), one per core; worker i is "
+        "node NODE_ID-i, its HTTP port the --stats-listen port + i-1 [HEADWATER_WORKERS]",
     )
     for kind, what in (
         ("tls", "MQTT over TLS"),
@@ -183,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("PROXY_PROTOCOL", "no"),
         help="every listener expects a PROXY protocol v1/v2 header first, as a load "
         "balancer sends it [HEADWATER_PROXY_PROTOCOL=yes]",
+    )
+    p.add_argument(
+        "--reuse-port",
+        action="store_const",
+        const="yes",
+        default=_env("REUSE_PORT", "no"),
+        help="bind every listener with SO_REUSEPORT, so that several processes share its port "
+        "(each worker of --workers is started with it) [HEADWATER_REUSE_PORT=yes]",
     )
     p.add_argument(
         "--max-connections",
@@ -367,6 +386,36 @@ def log_settings(args: argparse.Namespace) -> tuple[str, str]:
     return level, _choice_setting(args.log_format, "--log-format", LOG_FORMATS)
 
 
+def workers_setting(args: argparse.Namespace, config: NodeConfig) -> int:
+    """How many processes serve the node (``frontend.workers``), 1..:data:`MAX_WORKERS`.  More
+    than one share every listener's port, so none may be 0 (each worker would get another), and
+    their HTTP ports, the stats port and the next ones, must exist and be no listener's."""
+    workers = _int_setting(args.workers, "--workers", 1, MAX_WORKERS)
+    if workers == 1:
+        return workers
+    where = _label("--workers", args.workers)
+    doors = [Listener("mqtt", config.host, config.port), *config.listeners]
+    for door in doors:
+        if door.port == 0:
+            raise ConfigError(
+                f"{where}: {workers} workers share the {door.kind} port, which must not be 0 "
+                "(each worker would be given another)"
+            )
+    first = config.stats_port
+    if not first:
+        return workers
+    last = first + workers - 1
+    if last > 65535:
+        raise ConfigError(f"{where}: the workers' HTTP ports {first}..{last} go beyond 65535")
+    for door in doors:
+        if first <= door.port <= last:
+            raise ConfigError(
+                f"{where}: the workers' HTTP ports {first}..{last} include the {door.kind} "
+                f"port {door.port}"
+            )
+    return workers
+
+
 def config_from_args(args: argparse.Namespace) -> NodeConfig:
     if not args.node_id:
         raise ConfigError("--node-id / HEADWATER_NODE_ID is required")
@@ -421,6 +470,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         listeners=listeners,
         tls=_tls_setting(args, listeners),
         proxy_protocol=_switch_setting(args.proxy_protocol, "--proxy-protocol"),
+        reuse_port=_switch_setting(args.reuse_port, "--reuse-port"),
         max_connections=_int_setting(args.max_connections, "--max-connections", 0, 10**7),
         limits=limits,
     )

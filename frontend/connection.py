@@ -10,7 +10,10 @@ The connection is handed what it uses at construction (:class:`Services`): the s
 the dispatcher, the log (through ``frontend.publishing``), authentication.
 Kafka and Redis failures become wire behaviour in ``frontend.outages`` only.
 
-Writes are coalesced: everything sent during one loop iteration goes out in one ``write``.
+Writes are coalesced: everything a connection is sent during one step goes out in one ``write``,
+at the end of that step: the end of its own ``data_received`` (so a PUBACK that frees in-flight
+slots has the next messages on the wire at once), the end of the log pump's turn (``Writes``,
+for the deliveries and acknowledgements it made), else the end of the loop iteration.
 Backpressure in both directions:
 
 * inbound: reading pauses while too many PUBLISH packets await the log, while the producer queue is
@@ -51,6 +54,63 @@ DRAIN_BUDGET = 256
 socket paused, so other connections and the Kafka pump get their turns in between."""
 
 
+class Writes:
+    """The connections with output waiting, written out together: by whoever ends a step
+    that wrote to many (the log's pump), else at the end of the loop iteration (one callback
+    per iteration for the node, not one per connection)."""
+
+    __slots__ = ("_loop", "_waiting")
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: list[_Output] = []
+
+    def add(self, output: _Output) -> None:
+        if not self._waiting:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self.flush)
+        self._waiting.append(output)
+
+    def flush(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for output in waiting:
+            output.flush()
+
+
+class _Output:
+    """Coalesced writes (see the module's docstring).  Each ``write`` is one packet: a PUBLISH
+    is counted by its QoS (fixed header type 3, QoS in bits 1-2), and the bytes when they go
+    out."""
+
+    __slots__ = ("_chunks", "paused", "traffic", "transport", "writes")
+
+    def __init__(self, writes: Writes, traffic: Traffic) -> None:
+        self.writes = writes
+        self.traffic = traffic
+        self._chunks: list[bytes] | None = None
+        self.transport: asyncio.Transport | None = None
+        self.paused = False
+        """The transport asked us to stop writing: messages wait in the session's queue."""
+
+    def write(self, data: bytes) -> None:
+        if data[0] >> 4 == 3:  # a PUBLISH
+            self.traffic.sent[(data[0] >> 1) & 3] += 1
+        if self._chunks is None:
+            self._chunks = [data]
+            self.writes.add(self)
+        else:
+            self._chunks.append(data)
+
+    def flush(self) -> None:
+        chunks, self._chunks = self._chunks, None
+        transport = self.transport
+        if chunks and transport is not None and not transport.is_closing():
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            self.traffic.bytes_sent += len(data)
+            transport.write(data)
+
+
 @dataclass(slots=True)
 class Services:
     """What every connection of a node uses, handed in by the node."""
@@ -74,47 +134,11 @@ class Services:
     """Connections closed for sending no CONNECT within ``connect_timeout``."""
     traffic: Traffic = field(default_factory=Traffic)
     """Connections made, bytes and PUBLISH packets in and out (``/metrics``)."""
+    writes: Writes = field(default_factory=Writes)
     certificate_identity: Callable[[asyncio.BaseTransport], str | None] | None = None
     """Set with ``--use-identity-as-username`` (``frontend.listeners.certificate_identity``): a
     client's user name is its TLS certificate's identity and no password is checked; a client
     without one (any client of a plain listener among them) gets CONNACK 5."""
-
-
-class _Output:
-    """Coalesced writes: everything sent during one loop iteration goes out in one ``write``.
-    Each ``write`` is one packet: a PUBLISH is counted by its QoS (fixed header type 3, QoS in
-    bits 1-2), and the bytes when they go out."""
-
-    __slots__ = ("_chunks", "_loop", "_scheduled", "paused", "traffic", "transport")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, traffic: Traffic) -> None:
-        self._loop = loop
-        self.traffic = traffic
-        self._chunks: list[bytes] | None = None
-        self._scheduled = False
-        self.transport: asyncio.Transport | None = None
-        self.paused = False
-        """The transport asked us to stop writing: messages wait in the session's queue."""
-
-    def write(self, data: bytes) -> None:
-        if data[0] >> 4 == 3:  # a PUBLISH
-            self.traffic.sent[(data[0] >> 1) & 3] += 1
-        if self._chunks is None:
-            self._chunks = [data]
-        else:
-            self._chunks.append(data)
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._scheduled = False
-        chunks, self._chunks = self._chunks, None
-        transport = self.transport
-        if chunks and transport is not None and not transport.is_closing():
-            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            self.traffic.bytes_sent += len(data)
-            transport.write(data)
 
 
 def _who(connection: MqttConnection) -> str:
@@ -231,7 +255,7 @@ class MqttConnection(asyncio.Protocol):
         (``frontend.listeners``); else the socket's peer is."""
         self._loop = asyncio.get_running_loop()
         self._busy = False
-        self._output = _Output(self._loop, services.traffic)
+        self._output = _Output(services.writes, services.traffic)
         self._input = _Input(self, self._loop.time())
         self._closed = False
 
@@ -252,6 +276,7 @@ class MqttConnection(asyncio.Protocol):
             self._fail(error)
             return
         self._drain()
+        self._output.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"socket error: {exc}" if exc else "connection closed by the client"

@@ -541,9 +541,14 @@ class WebSocket(asyncio.Protocol):
 # -- the listeners --------------------------------------------------------------------------------
 
 
-async def serve(listener: Listener, doors: Doors, backlog: int) -> asyncio.Server:
+async def serve(
+    listener: Listener, doors: Doors, backlog: int, reuse_port: bool = False
+) -> asyncio.Server:
     """Start ``listener``; the port it is bound to (chosen by the system for port 0) is written
-    back to it and recorded in ``doors.listening``."""
+    back to it and recorded in ``doors.listening``.  With ``reuse_port`` the socket is bound with
+    ``SO_REUSEPORT``, so the workers of a node (``frontend.workers``) share the port, the kernel
+    spreading new connections over them; without it a port in use is an error, as it should be
+    for a node started twice by mistake."""
     if listener.kind in SECURE and doors.tls is None:
         raise ValueError(f"the {listener.kind} listener needs --certfile and --keyfile")
     server = await asyncio.get_running_loop().create_server(
@@ -551,6 +556,7 @@ async def serve(listener: Listener, doors: Doors, backlog: int) -> asyncio.Serve
         listener.host,
         listener.port,
         reuse_address=True,
+        reuse_port=reuse_port,
         backlog=backlog,
     )
     listener.port = server.sockets[0].getsockname()[1]

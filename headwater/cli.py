@@ -45,6 +45,15 @@ def _count(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> int:
+    from frontend.config import MAX_WORKERS
+
+    value = int(text)
+    if not 1 <= value <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_WORKERS}, got {value}")
+    return value
+
+
 def _dev_up(args: argparse.Namespace) -> int:
     from headwater.devcluster.up import UpOptions, run_up
 
@@ -60,6 +69,7 @@ def _dev_up(args: argparse.Namespace) -> int:
         ws_port=args.ws_port,
         password_file=args.password_file,
         acl_file=args.acl_file,
+        workers=args.workers,
     )
     return run_up(options)
 
@@ -174,6 +184,12 @@ def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     up.add_argument("--password-file", type=Path, help="a mosquitto_passwd file for every node")
     up.add_argument("--acl-file", type=Path, help="a Mosquitto acl_file for every node")
+    up.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        help="processes per front-end node sharing its ports, one per core (default 1)",
+    )
     up.add_argument("--foreground", action="store_true", help="the default: stay attached")
     up.set_defaults(handler=_dev_up)
     down = dev_commands.add_parser("down", help="stop a running `dev up`")

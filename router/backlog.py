@@ -5,12 +5,15 @@ A client whose queue is full when a QoS 1/2 record comes for it is not given the
 partition, the next offset it needs), and a catch-up task reads them back from the log in
 rounds, each from where the client is to where the live stream has got to
 (``Subscriptions.dispatched``), through the node's one catch-up consumer (``router.catchup``),
-handing records over only while its queue has room.  When a
-round ends and the live stream has not moved past it, the client is live again, in the same step
-of the event loop: the next live record of each partition is the one after the round's end, so
-there is no gap and no duplicate at the switch.  ``--max-queued`` bounds memory, not delivery;
-only QoS 0 messages are dropped for a slow client (counted).  A persistent session that returns
-starts behind, at its stored positions, and goes through the same rounds.
+handing records over only while its queue has room.  A client
+goes live again partition by partition: a live record finds it behind but with everything before
+it in that partition handed over (the round has reached the live stream there) and room in its
+queue, so it is delivered live and the partition needs no more rounds.  Under steady traffic the
+live stream never stands still, so this is how a client that caught up rejoins it; when a round
+ends and the live stream has not moved past it, the client is live again too.  Either way the
+switch is in one step of the event loop, with no gap and no duplicate.  ``--max-queued`` bounds
+memory, not delivery; only QoS 0 messages are dropped for a slow client (counted).  A persistent
+session that returns starts behind, at its stored positions, and goes through the same rounds.
 
 Records that waited for a pending subscription (``router.subscriptions``) are older than the
 live stream: if one finds the client behind, its offset goes into ``Client.rewind`` and the next
@@ -72,6 +75,26 @@ class Backlog:
         if client.catching_up is not None:
             client.catching_up.cancel()
         self.clients.discard(client)
+
+    def takes_live(self, client: Client, rec: Record, qos: int) -> bool:
+        """Whether ``client`` takes the live record ``rec`` live: a QoS 0 one or one its queue
+        has room for, if it is not behind; if it is, only when the rounds have handed it
+        everything before ``rec`` in its partition too (``rec`` is new to the live stream, and
+        the client needs nothing older there): the partition is then live again for it."""
+        behind = client.behind
+        if behind is None:
+            return not qos or client.session.has_room()
+        edge = self.subscriptions.dispatched.get(rec.partition)
+        if (
+            edge is None
+            or rec.offset < edge
+            or behind.get(rec.partition, -1) < edge
+            or client.rewind is not None
+            or (qos and not client.session.has_room())
+        ):
+            return False
+        behind[rec.partition] = rec.offset + 1
+        return True
 
     def fall_behind(self, client: Client, rec: Record, qos: int) -> None:
         """``client`` is not given ``rec`` live: a QoS 0 one is dropped (counted); a QoS 1/2

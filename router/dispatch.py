@@ -180,7 +180,7 @@ class Dispatcher:
                 self.watchers.hear(client_id, rec)
                 continue
             qos = delivery_qos(granted, message.qos)
-            if client.behind is not None or (qos and not client.session.has_room()):
+            if not self.backlog.takes_live(client, rec, qos):
                 self.backlog.fall_behind(client, rec, qos)
                 continue
             template = template_for(message, qos, cache)

@@ -150,22 +150,37 @@ def decode(value: bytes) -> Message:
     """The message in a framed record value; :class:`RecordError` if it is not one.
 
     Straight-line code over positions, not a reader object: this runs for every message every
-    subscribing node fetches."""
+    subscribing node fetches.  A length below 64 is one byte (zig-zag: even, below 0x80), read in
+    line; anything else goes through :func:`_long`'s checks."""
     if value[:HEADER_SIZE] != HEADER:
         raise RecordError("record does not carry the MqttMessage single-object header")
     pos = HEADER_SIZE + 16
     if pos > len(value):
         raise RecordError("truncated record")
     message_id = value[HEADER_SIZE:pos]
-    topic, pos = _text(value, pos)
-    payload, pos = _bytes(value, pos)
-    qos, pos = _long(value, pos)
-    if not 0 <= qos <= 2:
-        raise RecordError(f"QoS {qos} is not 0, 1 or 2")
-    flag = value[pos : pos + 1]
-    if flag != b"\x00" and flag != b"\x01":
+    try:
+        size = value[pos]
+        if size < 0x80 and not size & 1:
+            end = pos + 1 + (size >> 1)
+            topic = value[pos + 1 : end].decode()
+        else:
+            topic, end = _text(value, pos)
+        size = value[end]
+        if size < 0x80 and not size & 1:
+            pos = end + 1 + (size >> 1)
+            payload = value[end + 1 : pos]
+        else:
+            payload, pos = _bytes(value, end)
+        qos, flag = value[pos], value[pos + 1]
+    except IndexError:
+        raise RecordError("truncated record") from None
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"ill-formed string: {exc}") from exc
+    if qos > 4 or qos & 1:  # zig-zag 0, 1, 2 are the bytes 0, 2, 4
+        raise RecordError(f"QoS {_long(value, pos)[0]} is not 0, 1 or 2")
+    if flag > 1:
         raise RecordError("retain flag is not a boolean")
-    client_id, pos = _text(value, pos + 1)
+    client_id, pos = _text(value, pos + 2)
     origin, pos = _text(value, pos)
     timestamp = _last_long(value[pos:])
-    return Message(topic, payload, qos, flag == b"\x01", client_id, origin, timestamp, message_id)
+    return Message(topic, payload, qos >> 1, flag == 1, client_id, origin, timestamp, message_id)

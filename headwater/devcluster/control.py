@@ -4,7 +4,9 @@ They talk to the `dev up` process only through its state file (`<state-dir>/head
 kept current by its supervisor) and signals. `status` prints one line per process. `restart`
 sends the node's process group SIGTERM: the node drains (``frontend.node``) and exits 0, the
 supervisor starts it again at once on the same ports, and `restart` returns once the state file
-names a new process for the node and its `GET /ready` answers 200. `roll` restarts every node
+names a new process for the node and its `GET /ready` answers 200 (on every worker's port, for a
+node of several `--workers`: the signal reaches the parent and its workers, one process group,
+and they drain together). `roll` restarts every node
 in turn, giving HAProxy `ROLL_SETTLE` seconds to see each one back before the next goes.
 """
 
@@ -56,8 +58,11 @@ def _status_line(record: ProcessRecord, now: float) -> str:
     ports = ",".join(map(str, record.ports)) or "-"
     line = f"{record.name:<10} {record.pid:>7} {state:<10} {record.restarts:>8} {uptime:>8}"
     line += f"  {ports}"
-    if record.ready_port is not None:
-        line += f"  ready: {ready_answer(record.ready_port)}"
+    answers = [ready_answer(port) for port in record.ready_ports]
+    if len(answers) == 1:
+        line += f"  ready: {answers[0]}"
+    elif answers:
+        line += "  ready: " + ", ".join(f"{i}: {a}" for i, a in enumerate(answers, 1))
     return line
 
 
@@ -113,8 +118,8 @@ def restart(state_dir: Path, record: ProcessRecord, out: TextIO, timeout: float)
             current.pid != old.pid
             and current.state == "running"
             and current.identity.alive()
-            and current.ready_port is not None
-            and answers_ready(current.ready_port)
+            and current.ready_ports
+            and all(map(answers_ready, current.ready_ports))
         ):
             break
         if time.monotonic() >= deadline:

@@ -3,20 +3,24 @@
 A node is `python -m frontend` with the flags below (the contract with frontend/config.py): a
 plain MQTT listener, optionally MQTT over TLS and over WebSocket, each on its own loopback port,
 and what every node of the cluster shares (`NodeSecurity`: certificate files, PROXY protocol,
-password and ACL files). A node is up once `GET /ready` on its stats port answers 200: its
-listeners are serving and Kafka and Redis answer. Its MQTT ports are not probed, because with
-`--proxy-protocol` a connection that sends no PROXY header is a broken one. If the node exits
-first, its log tail says why.
+password and ACL files). With `workers` above 1 the node is a parent of that many worker
+processes (`frontend.workers`) sharing its MQTT ports, worker i named `<node>-i` with the HTTP
+port `stats_port + i-1`, so a node's stats ports are consecutive. A node is up once `GET /ready`
+answers 200 on every worker's HTTP port: its listeners are serving and Kafka and Redis answer.
+Its MQTT ports are not probed, because with `--proxy-protocol` a connection that sends no PROXY
+header is a broken one. If the node exits first, its log tail says why.
 """
 
 from __future__ import annotations
 
 import http.client
+import socket
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from headwater.errors import ServiceError
 from headwater.services.ports import LOOPBACK, free_port
 from headwater.services.process import ChildProcess
 from headwater.services.readiness import wait_until
@@ -63,6 +67,8 @@ class NodeSpec:
     ws_port: int = 0
     """MQTT over WebSocket (path /mqtt); 0: no such listener."""
     security: NodeSecurity = field(default_factory=NodeSecurity)
+    workers: int = 1
+    """Processes of the node (``--workers``); worker i answers HTTP on ``stats_port + i-1``."""
 
     @property
     def address(self) -> str:
@@ -71,6 +77,20 @@ class NodeSpec:
     @property
     def stats_url(self) -> str:
         return f"http://{LOOPBACK}:{self.stats_port}/stats"
+
+    @property
+    def stats_ports(self) -> list[int]:
+        """Each worker's HTTP port (the first is the node's, which HAProxy checks)."""
+        return [self.stats_port + i for i in range(self.workers)]
+
+    def worker_stats_urls(self) -> dict[str, str]:
+        """Each worker's node id -> its ``/stats`` URL (the node's own with one worker)."""
+        if self.workers == 1:
+            return {self.node_id: self.stats_url}
+        return {
+            f"{self.node_id}-{i + 1}": f"http://{LOOPBACK}:{port}/stats"
+            for i, port in enumerate(self.stats_ports)
+        }
 
     def argv(self) -> list[str]:
         return [
@@ -83,6 +103,7 @@ class NodeSpec:
             "--topic", MESSAGES_TOPIC,
             "--partitions", str(self.partitions),
             "--stats-listen", f"{LOOPBACK}:{self.stats_port}",
+            "--workers", str(self.workers),
             *self.security.argv(),
         ]  # fmt: skip
 
@@ -100,20 +121,24 @@ def node_specs(
     tls: bool = False,
     ws: bool = False,
     security: NodeSecurity | None = None,
+    workers: int = 1,
 ) -> list[NodeSpec]:
-    """`count` nodes named node0.., each on fresh loopback ports: plain MQTT and stats, plus
-    TLS and WebSocket where asked."""
+    """`count` nodes named node0.., each on fresh loopback ports: plain MQTT and stats (one
+    per worker, consecutive), plus TLS and WebSocket where asked."""
     shared = security or NodeSecurity()
-    ports = _distinct_free_ports(count * 4)
+    ports = _distinct_free_ports(count * 3)
+    taken = set(ports)
     specs = []
     for i in range(count):
-        plain, stats, tls_port, ws_port = ports[4 * i : 4 * i + 4]
+        plain, tls_port, ws_port = ports[3 * i : 3 * i + 3]
+        stats = _free_port_run(workers, taken)
         specs.append(
             NodeSpec(
                 f"node{i}", plain, kafka_bootstrap, redis_url, partitions, stats,
                 tls_port=tls_port if tls else 0,
                 ws_port=ws_port if ws else 0,
                 security=shared,
+                workers=workers,
             )
         )  # fmt: skip
     return specs
@@ -127,6 +152,26 @@ def _distinct_free_ports(count: int) -> list[int]:
         if port not in ports:
             ports.append(port)
     return ports
+
+
+def _free_port_run(length: int, taken: set[int], attempts: int = 200) -> int:
+    """The first of `length` consecutive free loopback ports, none in `taken` (which they join)."""
+    for _ in range(attempts):
+        first = free_port()
+        run = range(first, first + length)
+        if run[-1] <= 65535 and not taken.intersection(run) and all(map(_is_free, run[1:])):
+            taken.update(run)
+            return first
+    raise ServiceError(f"found no {length} consecutive free ports on {LOOPBACK}")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
 
 
 def answers_ready(port: int, host: str = LOOPBACK, timeout: float = 1.0) -> bool:
@@ -163,10 +208,10 @@ def launch_node(spec: NodeSpec, log_dir: Path) -> ChildProcess:
 def wait_node(
     spec: NodeSpec, child: ChildProcess, cancel: threading.Event, timeout: float = 30.0
 ) -> None:
-    """Return once the node answers ready; stop it if it never does."""
+    """Return once every worker of the node answers ready; stop it if it never does."""
     try:
         wait_until(
-            lambda: answers_ready(spec.stats_port),
+            lambda: all(map(answers_ready, spec.stats_ports)),
             what=f"front-end {spec.node_id} on {spec.address} (ready on port {spec.stats_port})",
             timeout=timeout,
             child=child,

@@ -37,6 +37,8 @@ class ProcessRecord:
     ports: list[int] = field(default_factory=list)
     ready_port: int | None = None
     """A front-end node's stats port, where `GET /ready` answers; None for other processes."""
+    workers: int = 1
+    """A front-end node's processes (`--workers`), answering on `ready_port` and the next ones."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProcessRecord:
@@ -46,6 +48,13 @@ class ProcessRecord:
     @property
     def identity(self) -> ProcessIdentity:
         return ProcessIdentity(self.pid, self.start_ticks)
+
+    @property
+    def ready_ports(self) -> list[int]:
+        """Where each worker of a front-end node answers `GET /ready`; none for other processes."""
+        if self.ready_port is None:
+            return []
+        return [self.ready_port + i for i in range(self.workers)]
 
 
 @dataclass(slots=True)

@@ -71,6 +71,7 @@ class Supervisor:
         launch: Launch,
         ports: Sequence[int] = (),
         ready_port: int | None = None,
+        workers: int = 1,
     ) -> Supervised:
         """Supervise `child` from now on; `launch` starts it again."""
         record = ProcessRecord(
@@ -81,6 +82,7 @@ class Supervisor:
             since=time.time(),
             ports=list(ports),
             ready_port=ready_port,
+            workers=workers,
         )
         self.state.children.append(record)
         service = Supervised(child, launch, record, self.clock())

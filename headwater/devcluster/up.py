@@ -13,6 +13,9 @@ HAProxy has up to three public ports (plain MQTT, MQTT over TLS, MQTT over WebSo
 each through to the nodes' listeners of that kind with a PROXY v2 header, so every node runs with
 `--proxy-protocol`. TLS ends at the node, with a server certificate of the dev CA that the first
 start makes in `<state-dir>/certs` and later starts reuse; the CA's path is printed, for clients.
+With `--workers N` each node is N processes sharing its ports (`frontend.workers`): HAProxy still
+has one server per node, checked on worker 1's HTTP port; each worker's `/stats` is an endpoint
+(`headwater stats` shows them all), and the supervisor sees the node's parent process only.
 
 While up, the children are supervised (`headwater.devcluster.supervisor`): one that exits is
 started again on the same ports and state directory, with backoff, and the rest run on. A child
@@ -92,6 +95,8 @@ class UpOptions:
     """HAProxy's MQTT over WebSocket port; 0: none (the command line's default is 8080)."""
     password_file: Path | None = None
     acl_file: Path | None = None
+    workers: int = 1
+    """Processes per front-end node (`--workers`); HAProxy still has one server per node."""
 
     def public_ports(self) -> list[tuple[int, str]]:
         """HAProxy's ports that are on, each with the setting that names it."""
@@ -262,16 +267,19 @@ class DevCluster:
             tls=bool(options.tls_port),
             ws=bool(options.ws_port),
             security=self.node_security(),
+            workers=options.workers,
         )
         log_dir = self.state_dir / "nodes"
         for spec in specs:
             child = launch_node(spec, log_dir)
-            ports = [p for p in (spec.port, spec.tls_port, spec.ws_port, spec.stats_port) if p]
-            node = self._track(child, _node_launcher(spec, log_dir), ports, spec.stats_port)
+            ports = [p for p in (spec.port, spec.tls_port, spec.ws_port, *spec.stats_ports) if p]
+            launcher = _node_launcher(spec, log_dir)
+            node = self._track(child, launcher, ports, spec.stats_port, spec.workers)
             self.stack.callback(_stop_current, node)
             wait_node(spec, child, self.cancel)
             self._endpoint(spec.node_id, spec.address)
-            self._endpoint(f"{spec.node_id} stats", spec.stats_url)
+            for name, url in spec.worker_stats_urls().items():
+                self._endpoint(f"{name} stats", url)
         return specs
 
     def start_haproxy(self, specs: list[NodeSpec]) -> None:
@@ -321,9 +329,10 @@ class DevCluster:
         launch: Launch,
         ports: Sequence[int] = (),
         ready_port: int | None = None,
+        workers: int = 1,
     ) -> Supervised:
         """Record `child` in the state file and supervise it; `launch` starts it again."""
-        return self.supervisor.add(child, launch, ports, ready_port)
+        return self.supervisor.add(child, launch, ports, ready_port, workers)
 
     def _endpoint(self, name: str, value: str) -> str:
         self.state.endpoints[name] = redact(value) if name == "redis" else value

@@ -17,7 +17,6 @@ recorded in a state file is never confused with an unrelated process that reused
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -29,8 +28,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from frontend.workers import die_with_parent
+
 SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,26 +73,6 @@ def find_program(name: str, *, sbin: bool = True) -> str | None:
     if found is None and sbin:
         found = shutil.which(name, path=os.pathsep.join(SBIN_DIRS))
     return found
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn that asks the kernel to SIGTERM the child when its parent dies (Linux only).
-
-    Everything is looked up before the fork: in the child, between fork and exec, only the
-    prctl call and getppid run.
-    """
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> bool:
@@ -153,7 +133,7 @@ class ChildProcess:
                 env=dict(env) if env is not None else None,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(),
+                preexec_fn=die_with_parent(),
             )
         return cls(name, popen, log_path)
 

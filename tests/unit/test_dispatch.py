@@ -169,3 +169,21 @@ async def test_records_that_waited_for_a_new_subscription_are_read_back_if_the_q
     assert dispatcher.is_behind(session)
     await pump(log, lambda: not dispatcher.is_behind(session) and session.settled(), client.ack_all)
     assert [x.payload for x in client.received()] == [b"%d" % i for i in range(2, 8)]
+
+
+async def test_a_client_behind_rejoins_the_live_stream_while_it_never_stands_still() -> None:
+    log, dispatcher, client, live = await subscribed_to_live(max_inflight=4, max_queued=4)
+    session = client.session
+    live.publish(20)  # 4 in flight and 4 queued: the 9th finds the queue full
+    assert dispatcher.is_behind(session)
+
+    def steady_traffic() -> None:  # a record every round: no round ends at the live edge
+        client.ack_all()
+        live.publish(1)
+
+    await pump(log, lambda: not dispatcher.is_behind(session), steady_traffic)
+    replayed = dispatcher.counters.messages_replayed
+    live.publish(3)  # live again: straight to the client, not read back
+    await pump(log, session.settled, client.ack_all)
+    assert dispatcher.counters.messages_replayed == replayed
+    assert [x.payload for x in client.received()] == [b"%d" % i for i in range(len(live.records))]
