@@ -6,7 +6,9 @@ add their section to the report.
 Every broker is started first (Kafka, a 1-node Headwater, a 3-node Headwater, mosquitto, amqtt:
 those the scenarios need); then each scenario runs against each broker in turn, one run at a time,
 the idle brokers waiting.  Interleaving runs this way spreads any change in the machine's load
-over all brokers instead of over whichever ran last.  Every process started lives on an
+over all brokers instead of over whichever ran last.  The worker-scaling scenario
+(:mod:`bench.worker_scaling`) alone starts nodes of its own when its turn comes, and stops them
+after it.  Every process started lives on an
 ``ExitStack`` unwound on return, exception, Ctrl-C or SIGTERM.
 """
 
@@ -41,6 +43,7 @@ from bench.brokers import (
 )
 from bench.cpu import settle
 from bench.jobs import install_signal_handlers
+from bench.paced import DRAIN_IDLE, run_paced
 from bench.report import Environment, load_average, render
 from bench.scale import quick as quick_scale
 from bench.scale import run_in as run_scale_in
@@ -55,6 +58,7 @@ from bench.scenarios import (
     Settings,
     run_scenario,
 )
+from bench.worker_scaling import WorkerScaling
 from headwater.errors import HeadwaterError
 
 BROKERS = ("headwater", "mosquitto", "amqtt")
@@ -92,6 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-write", action="store_true", help="print the report only")
     p.add_argument("--rate", type=float, default=1000.0, help="latency runs: msgs/s [1000]")
     p.add_argument("--window", type=int, default=100, help="QoS 1 in flight per publisher [100]")
+    p.add_argument(
+        "--paced-rate",
+        type=float,
+        default=20_000.0,
+        help="paced scenarios: msgs/s scheduled over all publishers [20000]",
+    )
+    p.add_argument(
+        "--paced-window",
+        type=int,
+        default=1_000,
+        help="paced scenarios: unacknowledged QoS 1 PUBLISHes per publisher before its pacer "
+        "waits [1000]",
+    )
+    p.add_argument(
+        "--workers",
+        default="1,2",
+        help="worker scaling: the node's --workers values compared [1,2]",
+    )
     p.add_argument("--publishers", type=int, default=4, help="fan-in publishers [4]")
     p.add_argument("--fanout", type=int, default=50, help="fan-out subscribers [50]")
     p.add_argument("--sub-procs", type=int, default=1, help="processes for subscribers [1]")
@@ -183,6 +205,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         sub_procs=args.sub_procs,
         routing_messages=args.routing_messages,
         backlog=args.backlog,
+        paced_rate=args.paced_rate,
+        paced_window=args.paced_window,
+        workers=tuple(int(w) for w in args.workers.split(",") if w.strip()),
     )
     if args.quick:
         settings = replace(
@@ -213,11 +238,32 @@ class Runner:
             targets, kafka = self.start_targets(keys, brokers, stack)
             for key in keys:
                 scenario = SCENARIOS[key]
+                if scenario.kind == "workers":
+                    if kafka is not None:
+                        self.run_workers(kafka)
+                    continue
                 names = ["cluster"] if scenario.cluster else ["headwater", *OTHER_BROKERS]
                 for backlog in self.backlogs(key):
                     for name in names:
                         if name in targets:
                             self.run_one(key, targets[name], kafka, backlog, targets)
+
+    def run_workers(self, kafka: BenchKafka) -> None:
+        """Worker scaling: its own Headwater nodes, stopped once it is done (the run's stack
+        would keep them, idle, through the scenarios after it)."""
+        scaling = WorkerScaling(kafka, self.settings, self.work, self.launch, self.tag)
+        with ExitStack() as own:
+            try:
+                scaling.start(own, progress)
+            except (HeadwaterError, RuntimeError, OSError) as exc:  # e.g. a node without --workers
+                progress(f"worker scaling: the nodes did not start: {exc}")
+                self.results.append(
+                    Result("workers", "headwater", "Headwater", ok=False, error=str(exc))
+                )
+                return
+            for result in scaling.run(self.backlogs("fanin-qos0"), progress):
+                self.results.append(result)
+                progress(f"{result.label}: {summary(result)}")
 
     def backlogs(self, key: str) -> tuple[int, ...]:
         if SCENARIOS[key].kind != "throughput":
@@ -231,7 +277,7 @@ class Runner:
     def start_targets(
         self, keys: list[str], brokers: list[str], stack: ExitStack
     ) -> tuple[dict[str, RunningBroker], BenchKafka | None]:
-        single = any(not SCENARIOS[k].cluster for k in keys)
+        single = any(not SCENARIOS[k].cluster and SCENARIOS[k].kind != "workers" for k in keys)
         cluster = any(SCENARIOS[k].cluster for k in keys)
         targets: dict[str, RunningBroker] = {}
         kafka = None
@@ -268,12 +314,15 @@ class Runner:
         backlog: int,
         targets: dict[str, RunningBroker],
     ) -> None:
-        pids = [p.pid for t in targets.values() for p in t.processes]
+        pids = [pid for t in targets.values() for pid in t.pids]
         waited = settle(pids, SETTLED_CPU, self.settings.settle_max)
         if waited >= self.settings.settle_max:
             progress(f"brokers still busy after {waited:.0f}s; running anyway")
         tag = f"{self.tag}-{broker.name[:2]}-{key}-{backlog}"
-        result = run_scenario(SCENARIOS[key], broker, self.settings, tag, kafka, backlog)
+        if SCENARIOS[key].kind == "paced":
+            result = run_paced(SCENARIOS[key], broker, self.settings, tag)
+        else:
+            result = run_scenario(SCENARIOS[key], broker, self.settings, tag, kafka, backlog)
         if waited >= self.settings.settle_max:
             result.notes.append(f"the brokers were still busy {waited:.0f}s after the last run")
         self.results.append(result)
@@ -292,6 +341,14 @@ def summary(result: Result) -> str:
     if kind == "routing":
         shares = ", ".join(f"{s.node} {s.share:.1%}" for s in result.shares)
         return f"{result.scenario}: {shares}; delivered {result.received}/{result.expected}"
+    if kind == "paced":
+        return (
+            f"{result.scenario}: offered {result.offered:,.0f}/s ({result.schedule_share:.1%} "
+            f"of schedule), delivered {result.delivered:,.0f}/s, lost {result.lost or 0:,} of "
+            f"{result.acked:,} PUBACKed, {result.duplicates:,} duplicates, p50/p99/max "
+            f"{result.p50_ms:.1f}/{result.p99_ms:.1f}/{result.max_ms:.1f} ms, broker CPU "
+            + ", ".join(f"{c:.0%}" for c in result.broker_cpu)
+        )
     return (
         f"{result.scenario} {result.variant}: {result.delivered:,.0f}/s delivered "
         f"(offered {result.offered:,.0f}/s), loss {result.loss:.2%}, broker CPU "
@@ -318,6 +375,7 @@ def versions() -> dict[str, str]:
 
 
 def how_it_ran(settings: Settings) -> list[str]:
+    each = settings.paced_rate / max(1, settings.publishers)
     return [
         "All brokers were started first (Headwater 1 node and 3 nodes on one Kafka, mosquitto, "
         "amqtt), each on 127.0.0.1 with a fresh port and the same limits where it has them "
@@ -347,6 +405,30 @@ def how_it_ran(settings: Settings) -> list[str]:
         f"Interest routing: topic log with {ROUTING_PARTITIONS} partitions, routing depth 2, "
         f"{settings.routing_messages} QoS 1 messages per device topic, published by one client "
         "on each node.",
+        f"Paced QoS 1 fan-in (rows 8, 9): {settings.publishers} publishers -> 1 subscriber, open "
+        f"loop at {settings.paced_rate:,.0f} msg/s in all ({each:,.0f} "
+        "each, bench.load's pacer as bench.scale's fan-in uses it): each publisher sends on "
+        "schedule whatever the subscriber does, every payload stamped with its send time and "
+        "sequence number; its packet identifiers come from a window of "
+        f"{settings.paced_window:,} unacknowledged PUBLISHes that only the broker's PUBACKs "
+        "refill, so it waits for the broker (which acknowledges once the message is durable), "
+        "never for the subscriber, and the share of the schedule sent shows when it had to. The "
+        "subscriber PUBACKs everything and keeps every (topic, sequence) it receives. After the "
+        "schedule and the last PUBACKs, it drains (until every PUBACKed message is in, or none "
+        f"has arrived for {min(DRAIN_IDLE, settings.drain_max):g} s); lost = PUBACKed and never "
+        "received, duplicates = received more than once, latency = send -> receive of first "
+        "copies sent in the measured window. The schedule runs through the warm-up and the "
+        "measured window: rates, CPU and latency are of the measured window, the accounting of "
+        "the whole run. Row 9 publishes on node 1 and subscribes on node 2.",
+        "Worker scaling (#10): one Headwater node per `--workers` value ("
+        + ", ".join(str(n) for n in settings.workers)
+        + "), started for that scenario alone and stopped after it; the fan-in scenarios (rows "
+        "1, 2, open loop and bounded) run against each in turn. With N > 1 workers share the "
+        "MQTT port through SO_REUSEPORT, so the kernel spreads the "
+        f"{settings.publishers + 1} connections over them by hash: a message published on a "
+        "worker other than the subscriber's crosses through Kafka, as between nodes, and the "
+        "table gives the share that did (workers' GET /stats). Broker CPU is summed over the "
+        "node's processes (the parent is idle).",
     ]
 
 

@@ -73,6 +73,23 @@ class RunningBroker:
     """Headwater nodes' ``GET /stats`` ports, when the nodes have the endpoint."""
     profiles: list[NodeProfile] = field(default_factory=list)
     """Nodes run under :mod:`bench.profile_node`."""
+    extra_pids: list[list[int]] = field(default_factory=list)
+    """Per process: its children that serve too (a node's ``--workers``); their CPU is summed
+    into that process's."""
+
+    @property
+    def pids(self) -> list[int]:
+        """Every process of the broker: the children, then their extra processes."""
+        return [p.pid for p in self.processes] + [pid for pids in self.extra_pids for pid in pids]
+
+    def cpu_per_node(self, used: list[float]) -> list[float]:
+        """``used`` (in the order of :attr:`pids`) summed per node."""
+        nodes = list(used[: len(self.processes)])
+        rest = used[len(self.processes) :]
+        for k, pids in enumerate(self.extra_pids):
+            nodes[k] += sum(rest[: len(pids)])
+            rest = rest[len(pids) :]
+        return nodes
 
 
 @dataclass(frozen=True, slots=True)

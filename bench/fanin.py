@@ -80,6 +80,8 @@ class PublisherReport:
     drawn: int
     """Packet identifiers drawn: must equal ``sent`` (the ledger saw every message)."""
     lost_connection: bool
+    sent_window: int = 0
+    """Sent between the timing's ``measure_from`` and ``end``."""
 
 
 @dataclass(slots=True)
@@ -93,6 +95,8 @@ class SubscriberReport:
     max_ms: float = 0.0
     last_arrival: float = 0.0
     lost_connection: bool = False
+    received_window: int = 0
+    """Arrived during the measured window (:class:`MeasureWindow`; 0 without one)."""
 
 
 class Tally:
@@ -103,12 +107,16 @@ class Tally:
         self.report = SubscriberReport()
         self.distinct = 0
         self.latencies_ns: list[int] = []
+        self.low_ns, self.high_ns = 0, 2**63
+        """Latencies of messages sent in this window only (:class:`MeasureWindow`)."""
+        self.window = (0.0, 0.0)
         client.on_publishes = self.on_publishes
 
     def on_publishes(self, publishes: list[Publish]) -> None:
         now_ns = time.monotonic_ns()
         report = self.report
         acks = []
+        low, high = self.low_ns, self.high_ns
         for p in publishes:
             sent_ns, seq = STAMP.unpack_from(p.payload)
             seen = report.seen.setdefault(p.topic, set())
@@ -117,11 +125,14 @@ class Tally:
             else:
                 seen.add(seq)
                 self.distinct += 1
-                self.latencies_ns.append(now_ns - sent_ns)
+                if low <= sent_ns <= high:
+                    self.latencies_ns.append(now_ns - sent_ns)
             if p.qos:
                 acks.append(PUBACKS[p.packet_id or 0])
         report.received += len(publishes)
-        report.last_arrival = time.monotonic()
+        report.last_arrival = now = time.monotonic()
+        if self.window[0] <= now <= self.window[1]:
+            report.received_window += len(publishes)
         if acks:
             self.client.write(b"".join(acks))
 
@@ -145,6 +156,21 @@ class OpenSubscriber:
         await client.handshake(subscribe=True)
         state["tally"] = Tally(client)
         return len(self.plan.topics)
+
+
+@dataclass(frozen=True, slots=True)
+class MeasureWindow:
+    """From now on, the subscriber counts arrivals between ``start`` and ``end`` (monotonic
+    seconds) and keeps the latencies of messages sent between them only (a warm-up's are
+    left out); without this job it keeps every latency."""
+
+    start: float
+    end: float
+
+    async def run(self, state: State) -> None:
+        tally = cast(Tally, state["tally"])
+        tally.window = (self.start, self.end)
+        tally.low_ns, tally.high_ns = int(self.start * 1e9), int(self.end * 1e9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +208,12 @@ class PublishPaced:
             await asyncio.sleep(0.02)
         reports = [
             PublisherReport(
-                p.topics[0], p.sent, p.acked_seqs, p.ledger.drawn, p.client.closed.done()
+                p.topics[0],
+                p.sent,
+                p.acked_seqs,
+                p.ledger.drawn,
+                p.client.closed.done(),
+                p.sent_window,
             )
             for p in pubs
         ]

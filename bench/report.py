@@ -16,7 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import targets
 from bench.scenarios import SCENARIOS, Result, Scenario, Settings
+from bench.worker_scaling import section as workers_section
 
 TARGET_RATIO = 5.0
 TARGET_P99_MS = 5.0
@@ -85,6 +87,11 @@ def cell(result: Result | None, annotate: str = "") -> str:
         return f"{result.p50_ms:.2f} / {result.p99_ms:.2f}{suffix}"
     if scenario.kind == "routing":
         return ", ".join(f"{s.node} {fmt_pct(s.share)}" for s in result.shares)
+    if scenario.kind == "paced":
+        return (
+            f"{fmt_rate(result.delivered)}; lost {result.lost or 0:,} of {result.acked:,}; "
+            f"p99 {result.p99_ms:.1f}{suffix}"
+        )
     return f"{fmt_rate(result.delivered)} (loss {fmt_pct(result.loss)}){suffix}"
 
 
@@ -111,7 +118,7 @@ def ratio(head: Result | None, other: Result | None) -> float | None:
         if collapsed(other) or not other.delivered:
             return None
         return head.delivered / other.delivered
-    if kind == "latency":
+    if kind in ("latency", "paced"):
         return head.p99_ms / other.p99_ms if other.p99_ms else None
     return None
 
@@ -122,7 +129,7 @@ def fmt_ratio(head: Result | None, other: Result | None, kind: str) -> str:
         if kind == "throughput" and other is not None and other.ok and collapsed(other):
             return "n/m (other collapsed)"
         return "n/a"
-    if kind == "latency":
+    if kind in ("latency", "paced"):
         return f"p99 {value:.1f}x " + ("higher" if value >= 1 else "lower")
     return f"{value:.2f}x"
 
@@ -193,7 +200,8 @@ def results_table(table: Table) -> list[str]:
 
 
 def verdict(table: Table, settings: Settings) -> list[str]:
-    lines = ["## Targets", ""]
+    """The earlier issue's targets (Headwater >= 5x amqtt, p99 < 5 ms), kept for comparison."""
+    lines = ["### The earlier issue's targets", ""]
     checks: list[str] = []
     met = True
     for row in table.rows():
@@ -293,7 +301,8 @@ def details_table(results: list[Result]) -> list[str]:
             error = r.error.splitlines()[0][:120] if r.error else "?"
             lines.append(f"| {name} | {r.label} | failed: {error} |" + " |" * 10)
             continue
-        lat = f"{r.p50_ms:.2f} / {r.p99_ms:.2f} / {r.max_ms:.2f}" if sc.kind == "latency" else ""
+        timed = sc.kind in ("latency", "paced")
+        lat = f"{r.p50_ms:.2f} / {r.p99_ms:.2f} / {r.max_ms:.2f}" if timed else ""
         broker_cpu = ", ".join(f"{c * 100:.0f}%" for c in r.broker_cpu)
         kafka_cpu = f"{r.kafka_cpu * 100:.0f}%" if r.kafka_cpu is not None else ""
         load_cpu = ", ".join(f"{k} {v * 100:.0f}%" for k, v in r.load_cpu.items())
@@ -312,6 +321,43 @@ def details_table(results: list[Result]) -> list[str]:
         if r.scenario != "routing"
     ]
     return lines + (["", *notes] if notes else [])
+
+
+def paced_details(results: list[Result]) -> list[str]:
+    """The paced runs' own accounting, one row per broker."""
+    paced = [r for r in results if SCENARIOS[r.scenario].kind == "paced"]
+    if not paced:
+        return []
+    lines = [
+        "### Paced QoS 1 fan-in (#8, #9)",
+        "",
+        "Offered = sent per second during the measured window (and the share of the schedule "
+        "that is; Sent covers the whole run, warm-up included); PUBACKed = distinct messages "
+        "the broker acknowledged; lost = PUBACKed and never received after the drain; "
+        "duplicates = copies received more than once; latency = send -> receive of the first "
+        "copy, for messages sent in the measured window.",
+        "",
+        "| Scenario | Broker | Offered/s (of schedule) | Delivered/s | Sent | PUBACKed | Lost "
+        "| Duplicates | p50 / p99 / max ms | Broker CPU | Kafka CPU | Load CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in paced:
+        sc = SCENARIOS[r.scenario]
+        name = f"{sc.number} {sc.key}"
+        if not r.ok:
+            error = r.error.splitlines()[0][:120] if r.error else "?"
+            lines.append(f"| {name} | {r.label} | failed: {error} |" + " |" * 9)
+            continue
+        broker_cpu = ", ".join(f"{c * 100:.0f}%" for c in r.broker_cpu)
+        kafka_cpu = f"{r.kafka_cpu * 100:.0f}%" if r.kafka_cpu is not None else ""
+        load_cpu = ", ".join(f"{k} {v * 100:.0f}%" for k, v in r.load_cpu.items())
+        lines.append(
+            f"| {name} | {r.label} | {fmt_rate(r.offered)} ({r.schedule_share:.1%}) | "
+            f"{fmt_rate(r.delivered)} | {r.sent:,} | {r.acked:,} | {r.lost or 0:,} | "
+            f"{r.duplicates:,} | {r.p50_ms:.2f} / {r.p99_ms:.2f} / {r.max_ms:.2f} | "
+            f"{broker_cpu} | {kafka_cpu} | {load_cpu} |"
+        )
+    return lines
 
 
 def others_summary(results: list[Result]) -> str:
@@ -361,16 +407,27 @@ def render(results: list[Result], settings: Settings, env: Environment, how: lis
         "payload, measured at the subscriber). Ratios are Headwater / other: for throughput "
         "higher is better; for latency they compare p99, lower is better. n/m: the other broker "
         f"delivered less than {COLLAPSED:.0%} of what was offered (collapsed), so no ratio is "
-        "meaningful. Rows 5-6 put mosquitto's and amqtt's single-node result beside Headwater's "
-        "3-node one.",
+        "meaningful. Paced cells (rows 8-9): messages delivered per second; messages lost of "
+        "those the broker PUBACKed; p99 send -> receive in ms (the ratio compares p99). Rows 5-6 "
+        "and 9 put mosquitto's and amqtt's single-node result beside Headwater's 3-node one.",
         "",
         *results_table(table),
+        "",
+        *targets.render(
+            lambda key, variant, broker: table.by_key.get((key, variant, broker)),
+            settings.rate,
+            settings.paced_rate,
+        ),
         "",
         *verdict(table, settings),
         "",
         *routing_section(table),
         "",
+        *workers_section(results, settings.workers),
+        "",
         *details_table(results),
+        "",
+        *paced_details(results),
         "",
     ]
     return "\n".join(lines)

@@ -9,6 +9,11 @@ latency-qos0/1      1 publisher at a steady rate (1,000 msg/s) -> 1 subscriber; 
 cluster-*           the same on 3 Headwater nodes: publishers on node 1, subscribers on node 2
 routing             3 nodes, a 12-partition log, a fixed mix over 48 device topics; each node's
                     subscriber needs a third of them: bytes each node fetches vs. the whole log
+paced-qos1          4 publishers -> 1 subscriber, QoS 1, open loop paced at 20,000 msg/s in all
+                    (:mod:`bench.paced`): offered, PUBACKed, lost, duplicates, p50/p99/max
+cluster-paced-qos1  the same, publishers on node 1, subscriber on node 2
+workers             Headwater on one node with ``--workers 1`` then ``--workers 2``: fan-in QoS 0
+                    and QoS 1 on each (:mod:`bench.worker_scaling`)
 =================== ============================================================================
 
 Throughput runs publish flat out (QoS 0: pre-encoded batches, TCP backpressure only; QoS 1: a
@@ -37,7 +42,7 @@ from bench.load import ClientPlan, Group, GroupPlan, Report, Timing, shared_coun
 from bench.log_bytes import high_watermarks, value_bytes
 from router.partitioner import Router
 
-Kind = Literal["throughput", "latency", "routing"]
+Kind = Literal["throughput", "latency", "routing", "paced", "workers"]
 
 READY_TIMEOUT = 60.0
 ROUTING_PARTITIONS = 12
@@ -63,6 +68,8 @@ class Scenario:
             return "p50 / p99 ms"
         if self.kind == "routing":
             return "bytes fetched / log bytes"
+        if self.kind == "paced":
+            return "msgs/s delivered; lost; p99 ms"
         return "deliveries/s" if self.key.startswith("fanout") else "msgs/s delivered"
 
 
@@ -91,6 +98,12 @@ SCENARIOS: dict[str, Scenario] = {
             "latency", 1, True, "latency-qos1",
         ),
         Scenario("routing", "7", "interest routing, 3 nodes, P=12", "routing", 1, True),
+        Scenario("paced-qos1", "8", "fan-in QoS 1, 4 pub -> 1 sub, paced", "paced", 1),
+        Scenario(
+            "cluster-paced-qos1", "9", "cross-node fan-in QoS 1 (pub n1, sub n2), paced",
+            "paced", 1, True, "paced-qos1",
+        ),
+        Scenario("workers", "10", "worker scaling, 1 node, --workers 1 vs 2", "workers", 0),
     )
 }  # fmt: skip
 
@@ -112,6 +125,12 @@ class Settings:
     settle_max: float = 60.0
     """Before a run, wait up to this long for the brokers to finish the previous run's work."""
     drain_max: float = 10.0
+    paced_rate: float = 20_000.0
+    """Paced scenarios: messages per second scheduled, over all publishers."""
+    paced_window: int = 1_000
+    """Paced scenarios: unacknowledged QoS 1 PUBLISHes per publisher before its pacer waits."""
+    workers: tuple[int, ...] = (1, 2)
+    """Worker scaling: the ``--workers`` values compared."""
 
 
 @dataclass(slots=True)
@@ -153,12 +172,29 @@ class Result:
     shares: list[NodeShare] = field(default_factory=list)
     log_bytes: int = 0
     notes: list[str] = field(default_factory=list)
+    scheduled_rate: float = 0.0
+    """Paced runs: messages per second the schedule called for."""
+    acked: int = 0
+    """Paced runs: distinct messages PUBACKed by the broker."""
+    lost: int | None = None
+    """Paced runs: PUBACKed and never received after the drain."""
+    duplicates: int = 0
+    cross_worker: float | None = None
+    """Worker scaling: share of the messages published on a worker other than the
+    subscriber's (they reach it through Kafka)."""
 
     @property
     def loss(self) -> float:
+        if self.lost is not None:
+            return self.lost / self.acked if self.acked else 0.0
         if self.expected <= 0:
             return 0.0
         return max(0, self.expected - self.received) / self.expected
+
+    @property
+    def schedule_share(self) -> float:
+        """Paced runs: the share of the schedule actually sent during the measured window."""
+        return self.offered / self.scheduled_rate if self.scheduled_rate else 0.0
 
 
 # -- driving load groups ----------------------------------------------------------------------
@@ -201,9 +237,9 @@ def drive(
         timing = timing_for(time.monotonic() + 0.5)
         for g in subs + pubs:
             g.send("go", timing)
-        meter = CpuMeter([p.pid for p in broker.processes])
+        meter = CpuMeter(broker.pids)
         kafka_meter = CpuMeter([broker.kafka.pid]) if broker.kafka is not None else None
-        ours = [p.pid for p in broker.processes] + [g.process.pid or 0 for g in subs + pubs]
+        ours = broker.pids + [g.process.pid or 0 for g in subs + pubs]
         ours += [os.getpid()] + ([broker.kafka.pid] if broker.kafka is not None else [])
         machine = MachineMeter(ours)
         sleep_until(timing.measure_from)
@@ -217,7 +253,7 @@ def drive(
             sleep_until(timing.end)
         asked = [profile.request() for profile in broker.profiles]
         window = min(time.monotonic(), timing.end) - timing.measure_from
-        broker_cpu = [used / window for used in meter.used()]
+        broker_cpu = [used / window for used in broker.cpu_per_node(meter.used())]
         other_cpu = machine.others() / window
         kafka_cpu = kafka_meter.used()[0] / window if kafka_meter is not None else None
         wait = timing.ack_wait + timing.drain_max + 30.0
