@@ -14,6 +14,7 @@ JS_STAMP := $(JS_DIR)/node_modules/.headwater-install.stamp
 EXTRAS ?= test,dev,analytics
 RUN_ARGS ?=
 BENCH_ARGS ?=
+PROFILE_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # program:Debian package, installed with apt-get when the program is not found.
 APT_NEEDS := redis-server:redis-server haproxy:haproxy mosquitto:mosquitto \
@@ -25,7 +26,10 @@ help:
 	@echo "make run      install what is missing, then start a dev cluster (headwater dev up)"
 	@echo "make test     install what is missing, then ruff, mypy and pytest"
 	@echo "make bench    install what is missing, then benchmark Headwater against mosquitto and"
-	@echo "              amqtt (docs/benchmarks.md; BENCH_ARGS=--quick for a smoke run)"
+	@echo "              amqtt, then make profile (docs/benchmarks.md; BENCH_ARGS=--quick: smoke run)"
+	@echo "make profile  install what is missing, then py-spy one node at full QoS 0 and QoS 1"
+	@echo "              fan-in: where the microseconds per message go (docs/benchmarks.md,"
+	@echo "              flame graphs in docs/flame; PROFILE_ARGS=\"--seconds 3 --no-write\")"
 	@echo "make install  apt packages, .venv, the project with [$(EXTRAS)], Kafka's jars, MQTT.js"
 	@echo "make lint     ruff check, ruff format --check, mypy"
 	@echo "make docs     render docs/design.md to docs/design.pdf (installs markdown-pdf into .venv)"
@@ -100,6 +104,11 @@ docs: | $(PY)
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
 	$(PY) -m bench.sessions
+	$(PY) -m bench.flame $(PROFILE_ARGS)
+
+.PHONY: profile
+profile: install
+	$(PY) -m bench.flame $(PROFILE_ARGS)
 
 clean:
 	rm -rf .headwater .mypy_cache .ruff_cache .pytest_cache build *.egg-info
