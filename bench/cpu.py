@@ -37,6 +37,32 @@ class CpuMeter:
         return [end - start for start, end in zip(self._start, self._sample(), strict=True)]
 
 
+class WaitMeter:
+    """Seconds the main thread of each process was ready to run but waited for a CPU, between
+    two samples (the second field of ``/proc/PID/task/PID/schedstat``, nanoseconds).  A broker
+    whose event loop waits for a CPU answers PUBACKs that much later, whatever its own speed."""
+
+    def __init__(self, pids: Sequence[int]) -> None:
+        self._pids = list(pids)
+        self._start = self._sample()
+
+    def _sample(self) -> list[float]:
+        waited = []
+        for pid in self._pids:
+            try:
+                with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+                    waited.append(int(f.read().split()[1]) / 1e9)
+            except (OSError, IndexError, ValueError):
+                waited.append(0.0)
+        return waited
+
+    def restart(self) -> None:
+        self._start = self._sample()
+
+    def used(self) -> list[float]:
+        return [end - start for start, end in zip(self._start, self._sample(), strict=True)]
+
+
 def _busy() -> float:
     t = psutil.cpu_times()
     return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))

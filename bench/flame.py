@@ -268,12 +268,16 @@ class Reading:
     produced: int
     process_cpu: float
     main_cpu: float
+    main_waited: float
+    """Seconds the event-loop thread was ready to run but waited for a CPU (the second field
+    of /proc/PID/task/PID/schedstat, nanoseconds)."""
 
     @classmethod
     def take(cls, pid: int, stats_port: int) -> Reading:
         stats = node_stats(stats_port)
         process = cpu_ticks(Path(f"/proc/{pid}/stat").read_text()) / CLOCK_TICKS
         main = cpu_ticks(Path(f"/proc/{pid}/task/{pid}/stat").read_text()) / CLOCK_TICKS
+        waited = int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
         return cls(
             time.monotonic(),
             sum(stats["messages_received_by_qos"].values()),
@@ -281,6 +285,7 @@ class Reading:
             int(stats["messages_produced"]),
             process,
             main,
+            waited,
         )
 
 
@@ -294,6 +299,7 @@ class Window:
     produced: int
     process_cpu: float
     main_cpu: float
+    main_waited: float
 
     @classmethod
     def between(cls, a: Reading, b: Reading) -> Window:
@@ -304,6 +310,7 @@ class Window:
             b.produced - a.produced,
             b.process_cpu - a.process_cpu,
             b.main_cpu - a.main_cpu,
+            b.main_waited - a.main_waited,
         )
 
     def per_message_us(self, cpu_seconds: float) -> float:
@@ -491,6 +498,9 @@ def run_lines(p: Profiled, output: Path) -> list[str]:
         f"- Node process CPU: {w.process_cpu / w.seconds:.0%} of a core = "
         f"**{w.per_message_us(w.process_cpu):.1f} µs/msg**: the event-loop thread "
         f"{main_us:.1f} µs/msg, the other threads (librdkafka's C threads) {rest_us:.1f} µs/msg.",
+        f"- The event-loop thread ran {w.main_cpu / w.seconds:.0%} of the window and was ready "
+        f"to run but waited for a CPU {w.main_waited / w.seconds:.0%} of it (`schedstat`): the "
+        "time a PUBACK that arrived meanwhile waited too.",
         f"- GIL samples: {s.samples:,} at {SAMPLE_RATE}/s (the GIL held "
         f"{gil_seconds / w.seconds:.0%} of the window, {gil_us:.1f} µs/msg of wall time: more "
         "than the thread's CPU when it is descheduled holding the GIL).",

@@ -22,7 +22,7 @@ import time
 from contextlib import ExitStack
 
 from bench.brokers import RunningBroker
-from bench.cpu import CpuMeter, MachineMeter
+from bench.cpu import CpuMeter, MachineMeter, WaitMeter
 from bench.fanin import (
     Drain,
     MeasureWindow,
@@ -86,18 +86,20 @@ def measure(scenario: Scenario, broker: RunningBroker, settings: Settings, tag: 
         subscriber.result(READY_TIMEOUT)
         load = CpuMeter([publisher.pid, subscriber.pid])
         meter = CpuMeter(broker.pids)
+        waits = WaitMeter([p.pid for p in broker.processes])
         kafka = CpuMeter([broker.kafka.pid]) if broker.kafka is not None else None
         ours = [*broker.pids, publisher.pid, subscriber.pid, *kafka_pid(broker)]
         machine = MachineMeter(ours)
         publisher.submit(PublishPaced(timing))
         sleep_until(timing.measure_from)
-        for m in (load, meter, machine, kafka):
+        for m in (load, meter, machine, kafka, waits):
             if m is not None:
                 m.restart()
         sleep_until(timing.end)
         window = time.monotonic() - timing.measure_from
         result = Result(scenario.key, broker.name, broker.label)
         result.broker_cpu = [u / window for u in broker.cpu_per_node(meter.used())]
+        result.broker_waited = [w / window for w in waits.used()]
         result.kafka_cpu = kafka.used()[0] / window if kafka is not None else None
         result.other_cpu = machine.others() / window
         pub_cpu, sub_cpu = load.used()

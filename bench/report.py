@@ -335,27 +335,33 @@ def paced_details(results: list[Result]) -> list[str]:
         "that is; Sent covers the whole run, warm-up included); PUBACKed = distinct messages "
         "the broker acknowledged; lost = PUBACKed and never received after the drain; "
         "duplicates = copies received more than once; latency = send -> receive of the first "
-        "copy, for messages sent in the measured window.",
+        "copy, for messages sent in the measured window. Waited for a CPU = the share of the "
+        "window the broker's main thread (a Headwater node's event loop) was ready to run but "
+        "waited for one of the machine's cores (/proc/PID/task/PID/schedstat): a PUBACK that "
+        "arrived meanwhile waited as long, so with a window of 32 messages in flight a "
+        "subscriber's rate is bounded by it.",
         "",
         "| Scenario | Broker | Offered/s (of schedule) | Delivered/s | Sent | PUBACKed | Lost "
-        "| Duplicates | p50 / p99 / max ms | Broker CPU | Kafka CPU | Load CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| Duplicates | p50 / p99 / max ms | Broker CPU | Waited for a CPU | Kafka CPU "
+        "| Load CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in paced:
         sc = SCENARIOS[r.scenario]
         name = f"{sc.number} {sc.key}"
         if not r.ok:
             error = r.error.splitlines()[0][:120] if r.error else "?"
-            lines.append(f"| {name} | {r.label} | failed: {error} |" + " |" * 9)
+            lines.append(f"| {name} | {r.label} | failed: {error} |" + " |" * 10)
             continue
         broker_cpu = ", ".join(f"{c * 100:.0f}%" for c in r.broker_cpu)
         kafka_cpu = f"{r.kafka_cpu * 100:.0f}%" if r.kafka_cpu is not None else ""
         load_cpu = ", ".join(f"{k} {v * 100:.0f}%" for k, v in r.load_cpu.items())
+        waited = ", ".join(f"{w * 100:.0f}%" for w in r.broker_waited)
         lines.append(
             f"| {name} | {r.label} | {fmt_rate(r.offered)} ({r.schedule_share:.1%}) | "
             f"{fmt_rate(r.delivered)} | {r.sent:,} | {r.acked:,} | {r.lost or 0:,} | "
             f"{r.duplicates:,} | {r.p50_ms:.2f} / {r.p99_ms:.2f} / {r.max_ms:.2f} | "
-            f"{broker_cpu} | {kafka_cpu} | {load_cpu} |"
+            f"{broker_cpu} | {waited} | {kafka_cpu} | {load_cpu} |"
         )
     return lines
 

@@ -167,6 +167,8 @@ class Result:
     load_cpu: dict[str, float] = field(default_factory=dict)
     broker_cpu: list[float] = field(default_factory=list)
     kafka_cpu: float | None = None
+    broker_waited: list[float] = field(default_factory=list)
+    """Paced runs: per node, the share of the window its main thread waited for a CPU."""
     other_cpu: float | None = None
     """Cores used by processes outside the benchmark during the window."""
     shares: list[NodeShare] = field(default_factory=list)

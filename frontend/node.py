@@ -26,6 +26,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -77,6 +78,10 @@ clients; a connection still waiting then is closed anyway (its client sends them
 
 DRAIN_RELEASES = 10.0
 """Seconds a drain waits for the closed connections to go and their sessions to be stored."""
+
+DRAIN_STOPS = 15.0
+"""Seconds the parts of a node get, together, to stop once its clients are closed; one that
+has not stopped by then is left, named in the log, and the node exits anyway: a drain ends."""
 
 DRAIN_POLL = 0.01
 """Seconds between two looks at the connections during a drain."""
@@ -274,21 +279,38 @@ class Node:
         stored = await wait_released(self.connections, self.sessions, persistent)
         if self._stats_server is not None:
             self._stats_server.close()
-        await self.systree.stop()
-        await self.sessions.stop()
-        await self.log.stop()
-        if self.sessions.coordinator is not None:
-            await self.sessions.coordinator.stop()
-        if self._redis is not None:
-            await self._redis.aclose()
-        for server in self._servers:
-            await server.wait_closed()
+        await self._stop_parts()
         log.info(
             "node %s drained in %.2f s: %d clients closed, %d of %d sessions stored, "
             "%d publishes finished, %d unacknowledged",
             self.config.node_id, time.monotonic() - started, closed, stored, len(persistent),
             max(0, pending - unfinished), unfinished,
         )  # fmt: skip
+
+    async def _stop_parts(self) -> None:
+        """Stop $SYS, the sessions' saver, the log, the coordinator, Redis and the listeners,
+        in that order, within ``DRAIN_STOPS`` seconds in all."""
+        deadline = time.monotonic() + DRAIN_STOPS
+        coordinator, redis = self.sessions.coordinator, self._redis
+        parts: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("$SYS", self.systree.stop),
+            ("the sessions' saver", self.sessions.stop),
+            ("the log", self.log.stop),
+            ("the cluster coordinator", coordinator.stop if coordinator else _nothing),
+            ("Redis", redis.aclose if redis else _nothing),
+            *(("a listener", server.wait_closed) for server in self._servers),
+        ]
+        for name, stop in parts:
+            try:
+                await asyncio.wait_for(stop(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                log.warning(
+                    "node %s: %s did not stop in time; exiting anyway", self.config.node_id, name
+                )
+
+
+async def _nothing() -> None:
+    return None
 
 
 class QueuedCluster(RedisCluster):

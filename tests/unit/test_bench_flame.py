@@ -138,9 +138,9 @@ def test_an_empty_profile_summarises_to_nothing() -> None:
 
 
 def test_cpu_per_message() -> None:
-    window = Window(10.0, 200_000, 150_000, 200_000, 3.0, 2.0)
+    window = Window(10.0, 200_000, 150_000, 200_000, 3.0, 2.0, 1.0)
     assert window.per_message_us(window.process_cpu) == 15.0
-    assert Window(10.0, 0, 0, 0, 1.0, 1.0).per_message_us(1.0) == 0.0
+    assert Window(10.0, 0, 0, 0, 1.0, 1.0, 0.0).per_message_us(1.0) == 0.0
 
 
 REPORT = """# Benchmarks
