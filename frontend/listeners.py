@@ -187,9 +187,11 @@ def _who(peer: tuple[str, int] | None, transport: asyncio.BaseTransport | None) 
 # -- one connection until it is a stream ----------------------------------------------------------
 
 
-class Arrival(asyncio.BufferedProtocol):
+class Arrival:
     """An accepted connection until its stream has it: admission, the PROXY header, the TLS
-    handshake, the hand-over."""
+    handshake, the hand-over.  The transport's first protocol: :class:`ProxiedArrival` behind a
+    PROXY header, else :class:`DirectArrival` (uvloop keeps its first protocol's methods, so the
+    arrival itself, for the connection's life: a buffered one only where the header needs it)."""
 
     __slots__ = (
         "doors",
@@ -230,28 +232,6 @@ class Arrival(asyncio.BufferedProtocol):
         else:
             self._proceed(raw)
 
-    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
-        if self.header is not None:
-            return self.header.window()
-        self.spare = bytearray(max(sizehint, 4096))
-        return self.spare
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self.header is None:
-            assert self.spare is not None
-            self.early = [*(self.early or ()), bytes(self.spare[:nbytes])]
-            return
-        try:
-            header = self.header.received(nbytes)
-        except ProxyHeaderError as exc:
-            self._refuse("proxy_header_errors", str(exc))
-            return
-        if header is not None:
-            self.header = None
-            self.peer = header.source
-            assert self.transport is not None
-            self._proceed(self.transport)
-
     def connection_lost(self, exc: Exception | None) -> None:
         if self.stream is not None:  # announced by the TLS transport before the hand-over
             self.stream.connection_lost(exc)
@@ -287,8 +267,9 @@ class Arrival(asyncio.BufferedProtocol):
         tls, loop = self.doors.tls, asyncio.get_running_loop()
         assert tls is not None
         try:
+            protocol = cast(asyncio.BaseProtocol, self)  # a subclass's, with asyncio's base
             secure = await loop.start_tls(
-                raw, self, tls, server_side=True, ssl_shutdown_timeout=SSL_SHUTDOWN_TIMEOUT
+                raw, protocol, tls, server_side=True, ssl_shutdown_timeout=SSL_SHUTDOWN_TIMEOUT
             )
         except OSError as exc:  # ssl.SSLError among them
             self._refuse("tls_handshake_failures", f"TLS handshake failed: {exc}")
@@ -318,6 +299,45 @@ class Arrival(asyncio.BufferedProtocol):
             return  # refused already, or handed over
         self.doors.refuse(reason, _who(self.peer, self.transport), detail)
         self.abort()
+
+
+class ProxiedArrival(Arrival, asyncio.BufferedProtocol):
+    """An arrival that reads a PROXY header exactly (``get_buffer`` offers only what the header
+    may still need)."""
+
+    __slots__ = ()
+
+    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+        if self.header is not None:
+            return self.header.window()
+        self.spare = bytearray(max(sizehint, 4096))
+        return self.spare
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.header is None:
+            assert self.spare is not None
+            self.early = [*(self.early or ()), bytes(self.spare[:nbytes])]
+            return
+        try:
+            header = self.header.received(nbytes)
+        except ProxyHeaderError as exc:
+            self._refuse("proxy_header_errors", str(exc))
+            return
+        if header is not None:
+            self.header = None
+            self.peer = header.source
+            assert self.transport is not None
+            self._proceed(self.transport)
+
+
+class DirectArrival(Arrival, asyncio.Protocol):
+    """An arrival with no header to read: it reads nothing itself, but keeps what asyncio's TLS
+    transport hands it before the hand-over."""
+
+    __slots__ = ()
+
+    def data_received(self, data: bytes) -> None:
+        self.early = [*(self.early or ()), data]
 
 
 # -- WebSocket ------------------------------------------------------------------------------------
@@ -541,6 +561,11 @@ class WebSocket(asyncio.Protocol):
 # -- the listeners --------------------------------------------------------------------------------
 
 
+def arrival(doors: Doors, kind: str) -> ProxiedArrival | DirectArrival:
+    """The first protocol of a connection accepted by a listener of ``kind``."""
+    return (ProxiedArrival if doors.proxy_protocol else DirectArrival)(doors, kind)
+
+
 async def serve(
     listener: Listener, doors: Doors, backlog: int, reuse_port: bool = False
 ) -> asyncio.Server:
@@ -552,7 +577,7 @@ async def serve(
     if listener.kind in SECURE and doors.tls is None:
         raise ValueError(f"the {listener.kind} listener needs --certfile and --keyfile")
     server = await asyncio.get_running_loop().create_server(
-        lambda: Arrival(doors, listener.kind),
+        lambda: arrival(doors, listener.kind),
         listener.host,
         listener.port,
         reuse_address=True,
