@@ -130,14 +130,15 @@ class Services:
     connections: set[MqttConnection] = field(default_factory=set)
     protocol_errors: int = 0
     subscriptions_refused: int = 0
+    """SUBSCRIBE filters refused for ``Limits.max_subscriptions``."""
     draining: bool = False
     """The node is draining: no connection reads any more (``Node.stop``)."""
-    """SUBSCRIBE filters refused for ``Limits.max_subscriptions``."""
     connect_timeouts: int = 0
     """Connections closed for sending no CONNECT within ``connect_timeout``."""
     traffic: Traffic = field(default_factory=Traffic)
     """Connections made, bytes and PUBLISH packets in and out (``/metrics``)."""
     writes: Writes = field(default_factory=Writes)
+    """The connections with output waiting; the log's pump writes them out after its turn."""
     certificate_identity: Callable[[asyncio.BaseTransport], str | None] | None = None
     """Set with ``--use-identity-as-username`` (``frontend.listeners.certificate_identity``): a
     client's user name is its TLS certificate's identity and no password is checked; a client

@@ -291,15 +291,16 @@ class Node:
         """Stop $SYS, the sessions' saver, the log, the coordinator, Redis and the listeners,
         in that order, within ``DRAIN_STOPS`` seconds in all."""
         deadline = time.monotonic() + DRAIN_STOPS
-        coordinator, redis = self.sessions.coordinator, self._redis
         parts: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("$SYS", self.systree.stop),
             ("the sessions' saver", self.sessions.stop),
             ("the log", self.log.stop),
-            ("the cluster coordinator", coordinator.stop if coordinator else _nothing),
-            ("Redis", redis.aclose if redis else _nothing),
-            *(("a listener", server.wait_closed) for server in self._servers),
         ]
+        if self.sessions.coordinator is not None:
+            parts.append(("the cluster coordinator", self.sessions.coordinator.stop))
+        if self._redis is not None:
+            parts.append(("Redis", self._redis.aclose))
+        parts += [("a listener", server.wait_closed) for server in self._servers]
         for name, stop in parts:
             try:
                 await asyncio.wait_for(stop(), max(0.0, deadline - time.monotonic()))
@@ -307,10 +308,6 @@ class Node:
                 log.warning(
                     "node %s: %s did not stop in time; exiting anyway", self.config.node_id, name
                 )
-
-
-async def _nothing() -> None:
-    return None
 
 
 class QueuedCluster(RedisCluster):

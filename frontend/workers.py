@@ -133,11 +133,17 @@ class Worker:
 
 
 def next_delay(previous: float, ran: float) -> float:
-    """The wait before a worker that ran ``ran`` seconds starts again, after a wait of
+    """The wait before a process that ran ``ran`` seconds starts again, after a wait of
     ``previous`` (0: none) before its last start."""
     if previous == 0.0 or ran >= BACKOFF_RESET:
         return BACKOFF_FIRST
     return min(previous * 2, BACKOFF_MOST)
+
+
+def retry_delay(previous: float) -> float:
+    """The wait before trying again to start a process that did not start, after a wait of
+    ``previous`` (``headwater``'s supervisor follows the same rules as the workers' parent)."""
+    return min(max(previous * 2, BACKOFF_FIRST), BACKOFF_MOST)
 
 
 class Parent:
@@ -325,7 +331,7 @@ class Parent:
             try:
                 self._spawn(worker)
             except OSError as exc:
-                worker.delay = min(max(worker.delay * 2, BACKOFF_FIRST), BACKOFF_MOST)
+                worker.delay = retry_delay(worker.delay)
                 worker.due = now + worker.delay
                 log.error("worker %s did not start (%s); trying again", worker.node_id, exc)
 

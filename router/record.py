@@ -129,8 +129,13 @@ def _last_long(tail: bytes) -> int:
 
 
 def _bytes(value: bytes, pos: int) -> tuple[bytes, int]:
-    """The length-prefixed bytes at ``pos`` and the position after them."""
-    size, pos = _long(value, pos)
+    """The length-prefixed bytes at ``pos`` and the position after them.  A length below 64 is
+    one byte (zig-zag: even, below 0x80), read in line; any other goes through :func:`_long`."""
+    size = value[pos] if pos < len(value) else 0x80
+    if size < 0x80 and not size & 1:
+        size, pos = size >> 1, pos + 1
+    else:
+        size, pos = _long(value, pos)
     end = pos + size
     if size < 0 or end > len(value):
         raise RecordError("truncated record")
@@ -150,32 +155,18 @@ def decode(value: bytes) -> Message:
     """The message in a framed record value; :class:`RecordError` if it is not one.
 
     Straight-line code over positions, not a reader object: this runs for every message every
-    subscribing node fetches.  A length below 64 is one byte (zig-zag: even, below 0x80), read in
-    line; anything else goes through :func:`_long`'s checks."""
+    subscribing node fetches."""
     if value[:HEADER_SIZE] != HEADER:
         raise RecordError("record does not carry the MqttMessage single-object header")
     pos = HEADER_SIZE + 16
     if pos > len(value):
         raise RecordError("truncated record")
     message_id = value[HEADER_SIZE:pos]
-    try:
-        size = value[pos]
-        if size < 0x80 and not size & 1:
-            end = pos + 1 + (size >> 1)
-            topic = value[pos + 1 : end].decode()
-        else:
-            topic, end = _text(value, pos)
-        size = value[end]
-        if size < 0x80 and not size & 1:
-            pos = end + 1 + (size >> 1)
-            payload = value[end + 1 : pos]
-        else:
-            payload, pos = _bytes(value, end)
-        qos, flag = value[pos], value[pos + 1]
-    except IndexError:
-        raise RecordError("truncated record") from None
-    except UnicodeDecodeError as exc:
-        raise RecordError(f"ill-formed string: {exc}") from exc
+    topic, pos = _text(value, pos)
+    payload, pos = _bytes(value, pos)
+    if pos + 2 > len(value):
+        raise RecordError("truncated record")
+    qos, flag = value[pos], value[pos + 1]
     if qos > 4 or qos & 1:  # zig-zag 0, 1, 2 are the bytes 0, 2, 4
         raise RecordError(f"QoS {_long(value, pos)[0]} is not 0, 1 or 2")
     if flag > 1:

@@ -4,9 +4,9 @@ Each child is registered with the function that launches it again on the same po
 directory (a node keeps its node id and ports, so HAProxy's configuration never changes). The
 supervisor is polled from the thread that spawned the children (Linux's PR_SET_PDEATHSIG follows
 the spawning thread). A child that exits with 0 was asked to (SIGTERM: a node drained, e.g. by
-`headwater dev restart`) and is started at once; any other exit waits first, `BACKOFF_FIRST`
-seconds doubling up to `BACKOFF_MOST`, back to `BACKOFF_FIRST` once a process has run
-`BACKOFF_RESET` seconds. Each exit is logged as one line, e.g. `node2 exited with -9; restarting in
+`headwater dev restart`) and is started at once; any other exit waits first, as a node's
+workers do (`frontend.workers.next_delay`): 0.5 s doubling up to 10 s, back to 0.5 s once a
+process has run 30 s. Each exit is logged as one line, e.g. `node2 exited with -9; restarting in
 0.5 s`. Every change is written to the state file (`ProcessRecord`: pid, state, restarts, since).
 
 Stopping is not the supervisor's business: once a stop is requested it is simply no longer
@@ -20,16 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from frontend.workers import next_delay, retry_delay
 from headwater.devcluster.state import ClusterState, ProcessRecord
 from headwater.errors import HeadwaterError
 from headwater.services.process import ChildProcess
-
-BACKOFF_FIRST = 0.5
-"""Seconds before a process that failed is started again the first time."""
-BACKOFF_MOST = 10.0
-"""The longest wait between two starts of a process that keeps failing."""
-BACKOFF_RESET = 30.0
-"""Seconds a process must have run for its next failure to wait `BACKOFF_FIRST` again."""
 
 Launch = Callable[[], ChildProcess]
 
@@ -117,9 +111,7 @@ class Supervisor:
             service.delay = 0.0
             when = "now"
         else:
-            ran = now - service.started
-            first = service.delay == 0.0 or ran >= BACKOFF_RESET
-            service.delay = BACKOFF_FIRST if first else min(service.delay * 2, BACKOFF_MOST)
+            service.delay = next_delay(service.delay, now - service.started)
             when = f"in {service.delay:g} s"
         service.record.state = "restarting"
         service.due = now + service.delay
@@ -130,7 +122,7 @@ class Supervisor:
         try:
             child = service.launch()
         except (HeadwaterError, OSError) as exc:
-            service.delay = min(max(service.delay * 2, BACKOFF_FIRST), BACKOFF_MOST)
+            service.delay = retry_delay(service.delay)
             service.due = now + service.delay
             self._say(f"{name} did not start ({exc}); trying again in {service.delay:g} s")
             return

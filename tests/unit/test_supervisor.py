@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from frontend import workers
 from headwater.devcluster import supervisor as sv
 from headwater.devcluster.state import ClusterState, ProcessRecord
 from headwater.services.process import ProcessIdentity
@@ -84,10 +85,10 @@ def test_a_process_that_ran_long_enough_starts_over_and_a_clean_exit_restarts_at
         clock.now += supervisor.services[0].delay
         supervisor.poll()
     assert supervisor.services[0].delay == 2.0
-    clock.now += sv.BACKOFF_RESET
+    clock.now += workers.BACKOFF_RESET
     crash(supervisor, children, clock, 1)
-    assert supervisor.services[0].delay == sv.BACKOFF_FIRST
-    clock.now += sv.BACKOFF_FIRST
+    assert supervisor.services[0].delay == workers.BACKOFF_FIRST
+    clock.now += workers.BACKOFF_FIRST
     supervisor.poll()
     crash(supervisor, children, clock, 0)  # drained on SIGTERM, e.g. `dev restart`
     assert "node2 exited with 0; restarting now" in out.getvalue()
