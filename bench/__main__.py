@@ -18,7 +18,6 @@ import argparse
 import datetime
 import shlex
 import sys
-import tempfile
 import uuid
 from contextlib import ExitStack
 from dataclasses import replace
@@ -42,7 +41,7 @@ from bench.brokers import (
     start_mosquitto,
 )
 from bench.cpu import settle
-from bench.jobs import install_signal_handlers
+from bench.jobs import install_signal_handlers, work_directory
 from bench.paced import DRAIN_IDLE, run_paced
 from bench.report import Environment, load_average, render
 from bench.scale import quick as quick_scale
@@ -448,11 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before=load_average(),
     )
     with ExitStack() as stack:
-        if args.work_dir is None:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hw-bench-")))
-        else:
-            work = args.work_dir.resolve()
-            work.mkdir(parents=True, exist_ok=True)
+        work = work_directory(stack, args.work_dir, "hw-bench-")
         if args.profile is not None:
             args.profile = args.profile.resolve()
         runner = Runner(args, settings, work)

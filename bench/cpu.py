@@ -8,59 +8,61 @@ the whole machine (``/proc/stat`` via psutil) minus the time of the processes th
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psutil
 
 
-class CpuMeter:
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds ``pid`` has used, all its threads (0 once it is gone)."""
+    try:
+        cpu = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(cpu.user + cpu.system)
+
+
+def waited_seconds(pid: int) -> float:
+    """Seconds the main thread of ``pid`` was ready to run but waited for a CPU (the second
+    field of ``/proc/PID/task/PID/schedstat``, nanoseconds; 0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class Meter:
+    """A count that only grows (``read(pid)``), per process, between two samples."""
+
+    def __init__(self, pids: Sequence[int], read: Callable[[int], float]) -> None:
+        self._pids = list(pids)
+        self._read = read
+        self._start = self._sample()
+
+    def _sample(self) -> list[float]:
+        return [self._read(pid) for pid in self._pids]
+
+    def restart(self) -> None:
+        self._start = self._sample()
+
+    def used(self) -> list[float]:
+        return [end - start for start, end in zip(self._start, self._sample(), strict=True)]
+
+
+class CpuMeter(Meter):
     """CPU seconds used by a set of processes (all their threads) between two samples."""
 
     def __init__(self, pids: Sequence[int]) -> None:
-        self._procs = [psutil.Process(pid) for pid in pids]
-        self._start = self._sample()
-
-    def _sample(self) -> list[float]:
-        times = []
-        for proc in self._procs:
-            try:
-                cpu = proc.cpu_times()
-                times.append(cpu.user + cpu.system)
-            except psutil.Error:
-                times.append(0.0)
-        return times
-
-    def restart(self) -> None:
-        self._start = self._sample()
-
-    def used(self) -> list[float]:
-        return [end - start for start, end in zip(self._start, self._sample(), strict=True)]
+        super().__init__(pids, cpu_seconds)
 
 
-class WaitMeter:
-    """Seconds the main thread of each process was ready to run but waited for a CPU, between
-    two samples (the second field of ``/proc/PID/task/PID/schedstat``, nanoseconds).  A broker
+class WaitMeter(Meter):
+    """Seconds the main thread of each process waited for a CPU between two samples.  A broker
     whose event loop waits for a CPU answers PUBACKs that much later, whatever its own speed."""
 
     def __init__(self, pids: Sequence[int]) -> None:
-        self._pids = list(pids)
-        self._start = self._sample()
-
-    def _sample(self) -> list[float]:
-        waited = []
-        for pid in self._pids:
-            try:
-                with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
-                    waited.append(int(f.read().split()[1]) / 1e9)
-            except (OSError, IndexError, ValueError):
-                waited.append(0.0)
-        return waited
-
-    def restart(self) -> None:
-        self._start = self._sample()
-
-    def used(self) -> list[float]:
-        return [end - start for start, end in zip(self._start, self._sample(), strict=True)]
+        super().__init__(pids, waited_seconds)
 
 
 def _busy() -> float:

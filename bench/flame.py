@@ -58,8 +58,8 @@ from bench.brokers import (
     node_stats,
     start_headwater,
 )
-from bench.cpu import settle
-from bench.jobs import install_signal_handlers
+from bench.cpu import settle, waited_seconds
+from bench.jobs import install_signal_handlers, work_directory
 from bench.load import ClientPlan, GroupPlan, Mode, Timing
 from bench.measure import CLOCK_TICKS, cpu_ticks
 from bench.report import load_average, machine, python_version
@@ -277,7 +277,6 @@ class Reading:
         stats = node_stats(stats_port)
         process = cpu_ticks(Path(f"/proc/{pid}/stat").read_text()) / CLOCK_TICKS
         main = cpu_ticks(Path(f"/proc/{pid}/task/{pid}/stat").read_text()) / CLOCK_TICKS
-        waited = int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
         return cls(
             time.monotonic(),
             sum(stats["messages_received_by_qos"].values()),
@@ -285,7 +284,7 @@ class Reading:
             int(stats["messages_produced"]),
             process,
             main,
-            waited,
+            waited_seconds(pid),
         )
 
 
@@ -676,11 +675,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before=load_average(),
     )
     with ExitStack() as stack:
-        if args.work_dir is None:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hw-flame-")))
-        else:
-            work = args.work_dir.resolve()
-            work.mkdir(parents=True, exist_ok=True)
+        work = work_directory(stack, args.work_dir, "hw-flame-")
         options = Options(args.seconds, args.warmup, args.window, work, svg_dir)
         try:
             results = profile_all(args, options, ctx)

@@ -19,9 +19,11 @@ import multiprocessing
 import multiprocessing.connection
 import resource
 import signal
+import tempfile
 import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
@@ -34,6 +36,16 @@ State = dict[str, Any]
 
 class Job(Protocol[R_co]):
     async def run(self, state: State) -> R_co: ...
+
+
+def work_directory(stack: contextlib.ExitStack, given: Path | None, prefix: str) -> Path:
+    """Where a run keeps its logs and configs: ``given`` (made if missing), else a temporary
+    directory removed when ``stack`` unwinds."""
+    if given is None:
+        return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+    work = given.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    return work
 
 
 def raise_file_limit() -> int:

@@ -29,7 +29,6 @@ import datetime
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -63,7 +62,14 @@ from bench.fleet import (
     StatusReport,
     publish_owed,
 )
-from bench.jobs import Job, Worker, install_signal_handlers, raise_file_limit, run_all
+from bench.jobs import (
+    Job,
+    Worker,
+    install_signal_handlers,
+    raise_file_limit,
+    run_all,
+    work_directory,
+)
 from bench.load import ClientPlan, Timing
 from bench.measure import (
     ProcessMeter,
@@ -528,11 +534,7 @@ def choose(spec: str, known: tuple[str, ...], what: str) -> tuple[str, ...]:
 
 def run_in(work_dir: Path | None, settings: ScaleSettings, command: str) -> ScaleRun:
     with ExitStack() as stack:
-        if work_dir is None:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hw-scale-")))
-        else:
-            work = work_dir.resolve()
-            work.mkdir(parents=True, exist_ok=True)
+        work = work_directory(stack, work_dir, "hw-scale-")
         return measure(settings, work, command)
 
 
