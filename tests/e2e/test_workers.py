@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 
 from frontend.mqtt.packets import Connack, Connect, Puback, Publish
 from tests.conftest import free_port
-from tests.e2e.conftest import eventually, http_get, launch_node_process
+from tests.e2e.conftest import PARTITIONS, eventually, http_get, launch_node_process
 from tests.e2e.rawmqtt import RawClient
 
 pytestmark = pytest.mark.fault
@@ -221,3 +222,36 @@ async def test_two_workers_share_a_port_and_behave_as_two_nodes(workers: Workers
         await client.expect_closed()
     for client in (pub, sub, *spread):
         await client.close()
+
+
+async def test_a_second_node_on_a_port_in_use_stops_without_reuse_port(
+    kafka_bootstrap: str, log_topic: str
+) -> None:
+    """Only workers share a port: a node started twice on one port by mistake refuses to start,
+    saying why, and the first keeps serving."""
+    port = free_port()
+    first = await launch_node_process(
+        "first", port, kafka_bootstrap, log_topic, "--sys-interval", "0"
+    )
+    try:
+        second = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "frontend",
+            "--node-id", "second",
+            "--listen", f"127.0.0.1:{port}",
+            "--kafka-bootstrap", kafka_bootstrap,
+            "--topic", log_topic,
+            "--partitions", str(PARTITIONS),
+            "--sys-interval", "0",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(second.communicate(), 60)
+        assert second.returncode == 1
+        assert b"headwater frontend:" in err and b"address already in use" in err.lower(), err
+        client = await RawClient.open(port)
+        await connect(client, "still-served")
+        await client.close()
+    finally:
+        first.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(first.wait(), 60)
