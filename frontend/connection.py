@@ -208,9 +208,22 @@ class _Input(Decoder):
                 transport.resume_reading()
 
 
+@dataclass(slots=True, frozen=True)
+class Login:
+    """A CONNECT's outcome: what the client may do and who it proved to be, or the CONNACK code
+    refusing it and why."""
+
+    access: Access | None
+    identity: str
+    """The proven user name (password file or certificate), "" for an anonymous client: the
+    owner of the sessions it makes."""
+    code: int = ConnackCode.ACCEPTED
+    reason: str = ""
+
+
 def _login(
     services: Services, transport: asyncio.BaseTransport | None, connect: Connect, client_id: str
-) -> tuple[Access | None, int, str]:
+) -> Login:
     """What a client may do, or the CONNACK code refusing it and why.  It is known by its
     CONNECT's user name and password, or with ``certificate_identity`` by its certificate's,
     no password asked (Mosquitto's ``use_identity_as_username``); its will must be a message it
@@ -219,17 +232,20 @@ def _login(
     if services.certificate_identity is None:
         code = auth.check(username, connect.password)
         if code != ConnackCode.ACCEPTED:
-            return None, code, "authentication failed"
+            return Login(None, "", code, "authentication failed")
     else:
         username = services.certificate_identity(transport) if transport is not None else None
         if username is None:
             auth.denied_connects += 1
-            return None, ConnackCode.NOT_AUTHORIZED, "no client certificate identity"
+            return Login(None, "", ConnackCode.NOT_AUTHORIZED, "no client certificate identity")
     access = auth.access(client_id, username)
+    proven = auth.passwords is not None or services.certificate_identity is not None
+    identity = (username or "") if proven else ""
     if connect.will is not None and not access.may_publish(connect.will.topic):
         auth.denied_connects += 1
-        return None, ConnackCode.NOT_AUTHORIZED, f"may not publish a will to {connect.will.topic}"
-    return access, ConnackCode.ACCEPTED, ""
+        refused = f"may not publish a will to {connect.will.topic}"
+        return Login(None, identity, ConnackCode.NOT_AUTHORIZED, refused)
+    return Login(access, identity)
 
 
 class MqttConnection(asyncio.Protocol):
@@ -430,9 +446,9 @@ class MqttConnection(asyncio.Protocol):
 
     async def _open_session(self, action: ch.OpenSession) -> None:
         services, connect = self.services, action.connect
-        access, code, reason = _login(services, self.transport, connect, action.client_id)
-        if access is None:
-            self.run(self.channel.session_refused(code, reason))
+        login = _login(services, self.transport, connect, action.client_id)
+        if login.access is None:
+            self.run(self.channel.session_refused(login.code, login.reason))
             return
         if not services.log.available:
             self.run(outages.kafka_unavailable_at_connect(self.channel))
@@ -447,7 +463,7 @@ class MqttConnection(asyncio.Protocol):
         if opened is None:
             return
         self.owned, present = opened
-        self.run(self.channel.session_opened(self.owned.session, present, access))
+        self.run(self.channel.session_opened(self.owned.session, present, login.access))
         services.deadlines.watch(self._input)  # the keep-alive from now on
 
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
