@@ -26,6 +26,7 @@ from pathlib import Path
 
 import confluent_kafka
 
+from bench import hostile
 from bench.brokers import (
     KAFKA_WARMUP,
     BenchKafka,
@@ -63,6 +64,7 @@ from headwater.errors import HeadwaterError
 BROKERS = ("headwater", "mosquitto", "amqtt")
 OTHER_BROKERS = ("mosquitto", "amqtt")
 SCALE = "scale"
+HOSTILE = "hostile"
 SETTLED_CPU = 0.15
 """Before a run, every broker's processes together use less than this share of a core."""
 DEFAULT_OUTPUT = Path("docs/benchmarks.md")
@@ -84,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help="comma-separated keys, or all / single / cluster [all]: "
         + ", ".join([*SCENARIOS, SCALE])
-        + f" ({SCALE}: bench.scale's fleet scenarios, smaller with --quick)",
+        + f", {HOSTILE} ({SCALE}: bench.scale's fleet scenarios, smaller with --quick; "
+        f"{HOSTILE}: bench.hostile's probes of issue 20, run only when named)",
     )
     p.add_argument("--brokers", default=",".join(BROKERS), help="comma-separated [all three]")
     p.add_argument(
@@ -159,6 +162,24 @@ def split_scale(spec: str) -> tuple[str, bool]:
         return spec, spec == "all"
     keys = [k.strip() for k in spec.split(",") if k.strip()]
     return ",".join(k for k in keys if k != SCALE), SCALE in keys
+
+
+def split_hostile(spec: str) -> tuple[str, bool]:
+    """The scenarios spec without ``hostile``, and whether the hostile probes run (only when
+    named: "all" does not include them)."""
+    keys = [k.strip() for k in spec.split(",") if k.strip()]
+    if HOSTILE not in keys:
+        return spec, False
+    return ",".join(k for k in keys if k != HOSTILE), True
+
+
+def run_hostile(args: argparse.Namespace, brokers: list[str], work: Path, command: str) -> str:
+    """bench.hostile's probes on the chosen brokers it knows; its markdown section."""
+    progress("running bench.hostile")
+    run = hostile.run(
+        work / "hostile", brokers, command, progress, args.kafka_bootstrap, args.headwater_rev
+    )
+    return hostile.render(run)
 
 
 def run_scale(args: argparse.Namespace, brokers: list[str], work: Path, command: str) -> str:
@@ -433,7 +454,8 @@ def how_it_ran(settings: Settings) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    spec, with_scale = split_scale(args.scenarios)
+    spec, with_hostile = split_hostile(args.scenarios)
+    spec, with_scale = split_scale(spec)
     keys = choose_scenarios(spec) if spec else []
     brokers = choose_brokers(args.brokers)
     settings = settings_from(args)
@@ -451,12 +473,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile is not None:
             args.profile = args.profile.resolve()
         runner = Runner(args, settings, work)
-        section = ""
+        section = hostile_section = ""
         try:
             if keys:
                 runner.run(keys, brokers)
             if with_scale:
                 section = run_scale(args, brokers, work, command.strip())
+            if with_hostile:
+                hostile_section = run_hostile(args, brokers, work, command.strip())
         except KeyboardInterrupt:
             progress("interrupted: stopping everything that was started")
             return 130
@@ -468,15 +492,18 @@ def main(argv: list[str] | None = None) -> int:
             env.headwater = runner.headwater_version
     env.load_after = load_average()
     text = render(runner.results, settings, env, how_it_ran(settings)) if keys else ""
-    text = "\n".join(part for part in (text, section) if part)
+    text = "\n".join(part for part in (text, section, hostile_section) if part)
     print(text)
     output = args.output or (None if args.quick else DEFAULT_OUTPUT)
     if output is not None and not args.no_write:
         output.parent.mkdir(parents=True, exist_ok=True)
         if keys:
             output.write_text(text)
-        else:  # the scale section alone replaces its part of the report
-            write_section(output, section)
+        else:  # the scale and hostile sections alone replace their parts of the report
+            if section:
+                write_section(output, section)
+            if hostile_section:
+                write_section(output, hostile_section, (hostile.BEGIN, hostile.END))
         progress(f"report written to {output}")
     return 0
 

@@ -32,6 +32,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,13 +122,23 @@ class NodeProfile:
         return None
 
 
-def connack_probe(port: int, timeout: float = 3.0) -> bool:
-    """True if an MQTT CONNECT on ``port`` is answered with CONNACK 0 (a listening port alone
-    does not show that the broker serves MQTT)."""
+Login = tuple[str, str]
+"""A user name and password, for a broker that refuses anonymous clients."""
+
+
+def connack_probe(port: int, timeout: float = 3.0, login: Login | None = None) -> bool:
+    """True if an MQTT CONNECT on ``port`` (as ``login``'s user, if given) is answered with
+    CONNACK 0 (a listening port alone does not show that the broker serves MQTT)."""
     decoder = Decoder()
+    user, password = login if login is not None else (None, None)
+    connect = Connect(
+        f"bench-probe-{uuid.uuid4().hex[:8]}",
+        username=user,
+        password=password.encode() if password is not None else None,
+    )
     try:
         with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
-            sock.sendall(encode(Connect(f"bench-probe-{uuid.uuid4().hex[:8]}")))
+            sock.sendall(encode(connect))
             while True:
                 chunk = sock.recv(4096)
                 if not chunk:
@@ -142,7 +153,9 @@ def connack_probe(port: int, timeout: float = 3.0) -> bool:
         return False
 
 
-def wait_serving(child: ChildProcess, port: int, timeout: float) -> None:
+def wait_serving(
+    child: ChildProcess, port: int, timeout: float, login: Login | None = None
+) -> None:
     wait_until(
         lambda: port_accepts(port),
         what=f"{child.name} on {LOOPBACK}:{port}",
@@ -150,7 +163,7 @@ def wait_serving(child: ChildProcess, port: int, timeout: float) -> None:
         child=child,
         interval=0.1,
     )
-    if not connack_probe(port):
+    if not connack_probe(port, login=login):
         raise NotServing(
             f"{child.name} on {LOOPBACK}:{port} accepts TCP but answers no CONNACK "
             f"(log: {child.log_path}); last lines:\n{child.log_tail()}"
@@ -198,13 +211,14 @@ def render_mosquitto_conf(port: int) -> str:
     )
 
 
-def start_mosquitto(work: Path, stack: ExitStack) -> RunningBroker:
+def start_mosquitto(work: Path, stack: ExitStack, extra: Sequence[str] = ()) -> RunningBroker:
+    """mosquitto with the generated config, plus the config lines ``extra``."""
     program = find_program("mosquitto")
     if program is None:
         raise RuntimeError("mosquitto is not installed (apt-get install mosquitto)")
     port = free_port()
     conf = work / "mosquitto.conf"
-    conf.write_text(render_mosquitto_conf(port))
+    conf.write_text(render_mosquitto_conf(port) + "".join(f"{line}\n" for line in extra))
     child = _spawn(stack, "mosquitto", [program, "-c", str(conf)], work / "mosquitto.log", port, 15)
     return RunningBroker(
         "mosquitto", f"mosquitto {mosquitto_version()}", [(LOOPBACK, port)], [child]
@@ -425,14 +439,18 @@ def start_headwater(
     work: Path,
     stack: ExitStack,
     launch: NodeLaunch,
+    extra: Sequence[str] = (),
+    login: Login | None = None,
 ) -> RunningBroker:
-    """``nodes`` front-end nodes on one log topic; all are started before any is waited on."""
+    """``nodes`` front-end nodes on one log topic, each given the flags ``extra`` and waited on
+    with a CONNECT as ``login`` (if given); all are started before any is waited on."""
     children: list[ChildProcess] = []
     ports: list[int] = []
     stats_ports: list[int] = []
     for i in range(1, nodes + 1):
         port, stats_port = free_port(), free_port()
         argv = launch.argv(f"n{i}", port, stats_port, kafka.bootstrap, topic, partitions)
+        argv += extra
         child = ChildProcess.spawn(
             f"headwater-n{i}", argv, work / f"{topic}.n{i}.log", env=launch.env(), cwd=launch.source
         )
@@ -441,7 +459,7 @@ def start_headwater(
         ports.append(port)
         stats_ports.append(stats_port)
     for child, port in zip(children, ports, strict=True):
-        wait_serving(child, port, START_TIMEOUT)
+        wait_serving(child, port, START_TIMEOUT, login)
     label = f"Headwater ({nodes} node{'s' if nodes > 1 else ''})"
     return RunningBroker(
         "headwater",

@@ -82,6 +82,7 @@ from bench.scale_report import (
     BROKERS,
     DRAIN_IDLE,
     DRAIN_MAX,
+    FILTERS,
     SCENARIOS,
     Burst,
     Bursts,
@@ -295,10 +296,62 @@ def idle(bench: Bench, target: Target) -> Idle:
     rss_after = meter.rss_kib()
     total, calls = commands_between(before, after) if before and after else (None, {})
     status = bench.status()
+    progress(f"{target.label}: one more client subscribes to {FILTERS:,} filters")
+    filters, rss_filters = asyncio.run(asyncio.wait_for(filter_cost(bench, target, meter), 120))
     bench.disconnect()
     return Idle(
-        s.idle_clients, connect, rss_before, rss_connected, rss_after, usage, total, calls, status
-    )
+        s.idle_clients, connect, rss_before, rss_connected, rss_after, usage, total, calls, status,
+        filters, rss_filters,
+    )  # fmt: skip
+
+
+async def filter_cost(bench: Bench, target: Target, meter: ProcessMeter) -> tuple[int, int]:
+    """One clean-session client subscribes to :data:`FILTERS` distinct filters, 100 per
+    SUBSCRIBE: (filters granted, KiB the broker's RSS grew by while it held them)."""
+    reader, writer = await asyncio.open_connection(*target.endpoints[0])
+    try:
+        client = f"{bench.tag}-filters"
+        writer.write(_packet(0x10, _text("MQTT") + bytes((4, 2, 0, 60)) + _text(client)))
+        await _read_packet(reader)  # CONNACK
+        bench.settle(target)
+        before = meter.rss_kib()
+        granted = 0
+        for first in range(0, FILTERS, 100):
+            names = (f"fleet/{client}/f{i}/cmd" for i in range(first, min(first + 100, FILTERS)))
+            body = b"".join(_text(name) + b"\x01" for name in names)
+            writer.write(_packet(0x82, (first // 100 + 1).to_bytes(2, "big") + body))
+            codes = (await _read_packet(reader))[2:]
+            granted += sum(code < 0x80 for code in codes)
+        bench.settle(target)
+        return granted, meter.rss_kib() - before
+    finally:
+        writer.close()
+
+
+def _text(value: str) -> bytes:
+    raw = value.encode()
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def _packet(first: int, body: bytes) -> bytes:
+    size, length = len(body), bytearray()
+    while True:
+        size, digit = size >> 7, size & 0x7F
+        length.append(digit | (0x80 if size else 0))
+        if not size:
+            return bytes((first,)) + bytes(length) + body
+
+
+async def _read_packet(reader: asyncio.StreamReader) -> bytes:
+    """The body of the next packet from the broker."""
+    await reader.readexactly(1)
+    size, shift = 0, 0
+    while True:
+        digit = (await reader.readexactly(1))[0]
+        size |= (digit & 0x7F) << shift
+        shift += 7
+        if digit < 0x80:
+            return await reader.readexactly(size)
 
 
 def bursts(bench: Bench, target: Target) -> Bursts:

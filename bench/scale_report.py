@@ -26,6 +26,8 @@ BROKERS = ("headwater", "mosquitto")
 BEGIN, END = "<!-- scale:begin -->", "<!-- scale:end -->"
 
 TARGET_KIB = 4.0
+FILTERS = 1_000
+"""Filters of the per-subscription figure: Headwater's default ``--max-subscriptions``."""
 TARGET_CPU = 0.02
 TARGET_REDIS = 50.0
 TARGET_CLEAN = 5_000.0
@@ -79,11 +81,19 @@ class Idle:
     redis_total: int | None
     redis_calls: dict[str, int]
     status: StatusReport
+    filters: int = 0
+    """Distinct filters one more client was granted, after the idle window (``filters``)."""
+    rss_filters: int = 0
+    """KiB the broker's RSS grew by while it took them."""
 
     @property
     def kib_per_connection(self) -> float:
         grown = max(self.rss_connected, self.rss_after) - self.rss_before
         return grown / self.connect.connected if self.connect.connected else 0.0
+
+    @property
+    def kib_per_filter(self) -> float:
+        return self.rss_filters / self.filters if self.filters else 0.0
 
     @property
     def redis_per_second(self) -> float | None:
@@ -306,6 +316,7 @@ def idle_rows(s: ScaleSettings, head: Outcome | None, other: Outcome | None) -> 
         )
 
     hc, oc = cells(h, head), cells(o, other)
+    hf, of = filter_cell(h, head), filter_cell(o, other)
     kib, cpu = (h.kib_per_connection, h.usage.broker) if h else (0.0, 0.0)
     rps = (h.redis_per_second or 0.0) if h else 0.0
     return [
@@ -318,7 +329,17 @@ def idle_rows(s: ScaleSettings, head: Outcome | None, other: Outcome | None) -> 
         ("2b", "Redis commands/s meanwhile (all of them, ours excluded)", hc[2], oc[2],
          f"<= {TARGET_REDIS:g}/s", verdict(rps <= TARGET_REDIS, times(rps, TARGET_REDIS))
          if h else "-"),
+        ("2c", f"memory per subscription: one more client subscribes to {FILTERS:,} distinct "
+         "4-level QoS 1 filters (`fleet/<client>/f<i>/cmd`)", hf, of, "-", "-"),
     ]  # fmt: skip
+
+
+def filter_cell(f: Idle | None, outcome: Outcome | None) -> str:
+    if f is None:
+        return failed_cell(outcome)
+    if not f.filters:
+        return "none granted"
+    return f"{f.kib_per_filter * 1024:,.0f} B ({f.filters:,} granted)"
 
 
 def connect_rows(s: ScaleSettings, head: Outcome | None, other: Outcome | None) -> list[Row]:
@@ -432,7 +453,8 @@ def idle_details(f: Idle) -> list[str]:
     lines = [
         f"connects: {connect_text(f.connect)}",
         f"RSS {mib(f.rss_before)} before, {mib(f.rss_connected)} once connected, "
-        f"{mib(f.rss_after)} after the window",
+        f"{mib(f.rss_after)} after the window, +{f.rss_filters:,} KiB for {f.filters:,} filters "
+        "of one more client",
         f"CPU during the window: {cpu_text(f.usage)}",
         f"keep-alive: {st.pings:,} PINGREQ sent since connecting, {st.pongs:,} PINGRESP; "
         f"{st.open:,} of {st.devices:,} connections still open, {st.lost:,} closed by the broker",
@@ -611,12 +633,14 @@ def render(run: ScaleRun) -> str:
     return "\n".join([*lines, END, ""])
 
 
-def write_section(path: Path, section: str) -> None:
-    """Put ``section`` into ``path`` in place of the one between the markers (or at the end)."""
+def write_section(path: Path, section: str, markers: tuple[str, str] = (BEGIN, END)) -> None:
+    """Put ``section`` into ``path`` in place of the one between the ``markers`` (by default
+    the scale section's), or at the end."""
+    begin, end = markers
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + section
     path.parent.mkdir(parents=True, exist_ok=True)

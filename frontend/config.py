@@ -14,10 +14,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 from dataclasses import dataclass, field
 
+from frontend.buffers import DEFAULT_MAX_BUFFERED_BYTES
 from frontend.mqtt.channel import Limits
+from frontend.mqtt.codec import DEFAULT_MAX_CONNECT_SIZE, DEFAULT_MAX_WILL_SIZE
+from frontend.proxy_protocol import LOOPBACK, AllowList
+from frontend.retained import DEFAULT_MAX_RETAINED, DEFAULT_MAX_RETAINED_BYTES
 from frontend.sessions.store import DEFAULT_EXPIRY
+from router.shared import DEFAULT_MAX_SHARE_GROUPS, DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT
 from router.topics import MAX_RECORD_BYTES
 
 DEFAULT_MAX_PACKET_SIZE = MAX_RECORD_BYTES - 128 * 1024
@@ -95,6 +101,9 @@ class NodeConfig:
     connect_timeout: float = 15.0
     password_file: str | None = None
     acl_file: str | None = None
+    allow_anonymous: bool | None = None
+    """Clients that prove no identity may connect (Mosquitto 2.0's ``allow_anonymous``); None:
+    exactly when the node has no way to authenticate (``frontend.auth.anonymous_allowed``)."""
     listeners: list[Listener] = field(default_factory=list)
     """Front doors besides the plain MQTT one at ``host``:``port``."""
     tls: TlsFiles | None = None
@@ -102,8 +111,18 @@ class NodeConfig:
     reuse_port: bool = False
     """Listeners bound with ``SO_REUSEPORT`` (the workers of ``--workers``)."""
     """Every listener expects a PROXY protocol v1 or v2 header first (from a load balancer)."""
-    max_connections: int = 0
-    """Connections at once, at most; 0: no bound."""
+    max_connections: int = field(default_factory=lambda: default_max_connections(50))
+    """Connections at once, at most; by default what the open-file limit leaves."""
+    max_connect_size: int = DEFAULT_MAX_CONNECT_SIZE
+    """A CONNECT's bytes besides its will message, at most (``frontend.mqtt.codec``)."""
+    max_will_size: int = DEFAULT_MAX_WILL_SIZE
+    """A will message's bytes, at most."""
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    """Bytes in clients' partial packets and output buffers, node-wide (``frontend.buffers``)."""
+    proxy_allow: AllowList = field(default_factory=lambda: AllowList.parse(LOOPBACK))
+    """The peers (load balancers) a PROXY header is believed from."""
+    ws_origins: frozenset[str] = frozenset()
+    """``Origin`` values a WebSocket upgrade may carry (lower case); empty: any."""
     redis_prefix: str = "hw:"
     redis_connections: int = 50
     """Connections to Redis at most; more requests at once wait for one (never refused)."""
@@ -116,6 +135,14 @@ class NodeConfig:
     sys_interval: float = 0.0
     """Seconds between two ``$SYS`` reports (``frontend.systree``); 0: none.  Off for a node
     built in code (tests count their own traffic); the command line's default is 10."""
+    max_share_groups: int = DEFAULT_MAX_SHARE_GROUPS
+    """``$share`` groups with members on this node, at most (``router.shared``)."""
+    max_share_groups_per_client: int = DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT
+    """``$share`` filters one client holds, at most."""
+    max_retained: int = DEFAULT_MAX_RETAINED
+    """Retained messages kept, cluster-wide (``frontend.retained``)."""
+    max_retained_bytes: int = DEFAULT_MAX_RETAINED_BYTES
+    """Bytes of retained messages (topic and stored record) kept, cluster-wide."""
     limits: Limits = field(default_factory=Limits)
 
 
@@ -206,9 +233,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-connections",
         metavar=INTEGER,
-        default=_env("MAX_CONNECTIONS", "0"),
-        help="connections at once; more are closed at accept; 0: no bound "
-        "[HEADWATER_MAX_CONNECTIONS]",
+        default=_env("MAX_CONNECTIONS"),
+        help="connections at once; more are closed at accept; default: the open-file limit "
+        f"(soft RLIMIT_NOFILE, `ulimit -n`) less {FILE_RESERVE} + --redis-connections, the "
+        "files kept for Kafka, Redis, the listeners and logs [HEADWATER_MAX_CONNECTIONS]",
+    )
+    p.add_argument(
+        "--max-connect-size",
+        metavar=INTEGER,
+        default=_env("MAX_CONNECT_SIZE", str(DEFAULT_MAX_CONNECT_SIZE)),
+        help="bytes of a CONNECT besides its will message (client id, user name, password, will "
+        "topic); a first packet that is no CONNECT, or a larger one, is closed before it is "
+        "buffered [HEADWATER_MAX_CONNECT_SIZE]",
+    )
+    p.add_argument(
+        "--max-will-size",
+        metavar=INTEGER,
+        default=_env("MAX_WILL_SIZE", str(DEFAULT_MAX_WILL_SIZE)),
+        help="bytes of a will message [HEADWATER_MAX_WILL_SIZE]",
+    )
+    p.add_argument(
+        "--max-buffered-bytes",
+        metavar=INTEGER,
+        default=_env("MAX_BUFFERED_BYTES", str(DEFAULT_MAX_BUFFERED_BYTES)),
+        help="bytes held in clients' partial packets and output buffers, node-wide; past it "
+        "the node stops reading until they hold 3/4 of it [HEADWATER_MAX_BUFFERED_BYTES]",
+    )
+    p.add_argument(
+        "--proxy-allow",
+        metavar="CIDR[,CIDR]",
+        default=_env("PROXY_ALLOW", LOOPBACK),
+        help="with --proxy-protocol, the load balancers' networks: a connection from any other "
+        "peer is closed at accept [HEADWATER_PROXY_ALLOW]",
+    )
+    p.add_argument(
+        "--ws-origins",
+        metavar="ORIGIN[,ORIGIN]",
+        default=_env("WS_ORIGINS"),
+        help="the WebSocket listeners' allowed Origin headers (https://app.example.com); an "
+        "upgrade with another is answered 403, one without any (not a browser) is served; "
+        "any when unset [HEADWATER_WS_ORIGINS]",
     )
     p.add_argument(
         "--kafka-bootstrap",
@@ -276,11 +340,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="messages queued per client [HEADWATER_MAX_QUEUED]",
     )
     p.add_argument(
+        "--max-queued-bytes",
+        metavar=INTEGER,
+        default=_env("MAX_QUEUED_BYTES", str(Limits().max_queued_bytes)),
+        help="payload and topic bytes queued per client; beyond, QoS 1/2 messages wait in the "
+        "log and QoS 0 ones are dropped [HEADWATER_MAX_QUEUED_BYTES]",
+    )
+    p.add_argument(
         "--max-subscriptions",
         metavar=INTEGER,
-        default=_env("MAX_SUBSCRIPTIONS", "0"),
+        default=_env("MAX_SUBSCRIPTIONS", str(Limits().max_subscriptions)),
         help="topic filters per client; a SUBSCRIBE beyond is refused (0x80); 0: no bound "
         "[HEADWATER_MAX_SUBSCRIPTIONS]",
+    )
+    p.add_argument(
+        "--max-share-groups",
+        metavar=INTEGER,
+        default=_env("MAX_SHARE_GROUPS", str(DEFAULT_MAX_SHARE_GROUPS)),
+        help="$share groups with members on this node (a Kafka consumer, about 4 threads, "
+        "each); a $share filter opening one more is refused (0x80); 0: none "
+        "[HEADWATER_MAX_SHARE_GROUPS]",
+    )
+    p.add_argument(
+        "--max-share-groups-per-client",
+        metavar=INTEGER,
+        default=_env("MAX_SHARE_GROUPS_PER_CLIENT", str(DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT)),
+        help="$share filters per client; a SUBSCRIBE beyond is refused (0x80); 0: none "
+        "[HEADWATER_MAX_SHARE_GROUPS_PER_CLIENT]",
+    )
+    p.add_argument(
+        "--max-retained",
+        metavar=INTEGER,
+        default=_env("MAX_RETAINED", str(DEFAULT_MAX_RETAINED)),
+        help="retained messages kept, cluster-wide; a retained PUBLISH beyond is delivered but "
+        "not retained (counted) [HEADWATER_MAX_RETAINED]",
+    )
+    p.add_argument(
+        "--max-retained-bytes",
+        metavar=INTEGER,
+        default=_env("MAX_RETAINED_BYTES", str(DEFAULT_MAX_RETAINED_BYTES)),
+        help="bytes of retained messages (topic and record) kept, cluster-wide; a retained "
+        "PUBLISH beyond is delivered but not retained (counted) [HEADWATER_MAX_RETAINED_BYTES]",
     )
     p.add_argument(
         "--session-expiry",
@@ -299,6 +399,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--acl-file",
         default=_env("ACL_FILE"),
         help="a Mosquitto acl_file; reread on SIGHUP [HEADWATER_ACL_FILE]",
+    )
+    p.add_argument(
+        "--allow-anonymous",
+        nargs="?",
+        const="yes",
+        default=_env("ALLOW_ANONYMOUS"),
+        help="yes or no: clients that prove no identity may connect, and get the acl_file's "
+        "anonymous rules (a user name proves nothing without --password-file or "
+        "--use-identity-as-username); unset: yes without either, no with one "
+        "[HEADWATER_ALLOW_ANONYMOUS]",
     )
     p.add_argument(
         "--stats-listen",
@@ -433,6 +543,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     limits = Limits(
         max_inflight=_int_setting(args.max_inflight, "--max-inflight", 1, 65535),
         max_queued=_int_setting(args.max_queued, "--max-queued", 0, 10_000_000),
+        max_queued_bytes=_int_setting(args.max_queued_bytes, "--max-queued-bytes", 1, 2**40),
         max_subscriptions=_int_setting(args.max_subscriptions, "--max-subscriptions", 0, 10**9),
     )
     listeners = [
@@ -462,18 +573,107 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         topic=args.topic,
         partitions=_int_setting(args.partitions, "--partitions", 1, 100_000),
         routing_depth=_int_setting(args.routing_depth, "--routing-depth", 1, 64),
+        max_share_groups=_int_setting(args.max_share_groups, "--max-share-groups", 0, 10_000),
+        max_share_groups_per_client=_int_setting(
+            args.max_share_groups_per_client, "--max-share-groups-per-client", 0, 10_000
+        ),
+        max_retained=_int_setting(args.max_retained, "--max-retained", 1, 10**10),
+        max_retained_bytes=_int_setting(
+            args.max_retained_bytes, "--max-retained-bytes", 1024, 2**50
+        ),
         max_packet_size=_int_setting(
             args.max_packet_size, "--max-packet-size", 2, DEFAULT_MAX_PACKET_SIZE
         ),
         password_file=args.password_file,
         acl_file=args.acl_file,
+        allow_anonymous=anonymous_setting(
+            args.allow_anonymous,
+            args.password_file,
+            args.acl_file,
+            _identity_setting(args, listeners),
+        ),
         listeners=listeners,
         tls=_tls_setting(args, listeners),
         proxy_protocol=_switch_setting(args.proxy_protocol, "--proxy-protocol"),
         reuse_port=_switch_setting(args.reuse_port, "--reuse-port"),
-        max_connections=_int_setting(args.max_connections, "--max-connections", 0, 10**7),
+        max_connections=_max_connections_setting(args),
+        max_connect_size=_int_setting(args.max_connect_size, "--max-connect-size", 64, 2**24),
+        max_will_size=_int_setting(args.max_will_size, "--max-will-size", 0, 65535),
+        max_buffered_bytes=_int_setting(
+            args.max_buffered_bytes, "--max-buffered-bytes", 1024 * 1024, 2**40
+        ),
+        proxy_allow=_proxy_allow_setting(args.proxy_allow),
+        ws_origins=_ws_origins_setting(args.ws_origins),
         limits=limits,
     )
+
+
+def anonymous_setting(
+    value: str | None, password_file: str | None, acl_file: str | None, certificates: bool
+) -> bool | None:
+    """``--allow-anonymous``: None when unset.  An acl_file on a node with no way to
+    authenticate would judge every client by its anonymous rules: start-up stops unless
+    ``--allow-anonymous yes`` says that is meant (``headwater dev up`` asks the same)."""
+    allowed = None if value is None else _switch_setting(value, "--allow-anonymous")
+    if acl_file and not password_file and not certificates and allowed is not True:
+        raise ConfigError(
+            f"{_label('--acl-file', acl_file)}: without --password-file or "
+            "--use-identity-as-username (and a TLS listener) a user name proves nothing, so "
+            "every client would get the acl_file's anonymous rules; give one of them, or "
+            "--allow-anonymous yes / HEADWATER_ALLOW_ANONYMOUS=yes if that is what you mean"
+        )
+    return allowed
+
+
+def _identity_setting(args: argparse.Namespace, listeners: list[Listener]) -> bool:
+    """Whether clients are known by their certificates (``--use-identity-as-username`` with a
+    TLS listener)."""
+    secure = any(lst.kind in ("mqtts", "wss") for lst in listeners)
+    return secure and _switch_setting(args.use_identity_as_username, "--use-identity-as-username")
+
+
+FILE_RESERVE = 200
+"""Open files a node keeps besides its clients' and Redis's: librdkafka's sockets to each broker
+and wake-up pipes (producer, reader, catch-up and share-group consumers), the listeners, the
+stats port, log files, the interpreter's own."""
+
+MIN_CONNECTIONS = 16
+
+
+def default_max_connections(redis_connections: int) -> int:
+    """What the open-file limit leaves for clients: its soft value (``ulimit -n``) less
+    :data:`FILE_RESERVE` and the Redis connections (at least :data:`MIN_CONNECTIONS`)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20  # Linux's own ceiling (fs.nr_open)
+    return max(MIN_CONNECTIONS, soft - FILE_RESERVE - redis_connections)
+
+
+def _max_connections_setting(args: argparse.Namespace) -> int:
+    if args.max_connections is None:
+        redis = _int_setting(args.redis_connections, "--redis-connections", 2, 10_000)
+        return default_max_connections(redis)
+    return _int_setting(args.max_connections, "--max-connections", 1, 10**7)
+
+
+def _proxy_allow_setting(value: str) -> AllowList:
+    try:
+        return AllowList.parse(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"{_label('--proxy-allow', value)}: {exc}") from None
+
+
+def _ws_origins_setting(value: str | None) -> frozenset[str]:
+    """Origins as browsers send them (RFC 6454): scheme://host[:port], compared in lower case."""
+    words = (word.strip().rstrip("/").lower() for word in (value or "").split(","))
+    origins = frozenset(word for word in words if word)
+    for origin in origins:
+        scheme, sep, host = origin.partition("://")
+        if not sep or not scheme or not host or "/" in host:
+            raise ConfigError(
+                f"{_label('--ws-origins', value)}: {origin!r} is not scheme://host[:port]"
+            )
+    return origins
 
 
 def _existing_file(path: str | None, flag: str) -> str | None:

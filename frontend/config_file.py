@@ -143,7 +143,8 @@ def render_example(parser: argparse.ArgumentParser) -> str:
 def _example_setting(key: str, action: argparse.Action) -> str:
     default, key_kind = action.default, kind(action)
     if default is None:
-        return f'# {key} = ""'
+        unset = "true" if key_kind == "switch" else '""'  # a TOML value of the key's type
+        return f"# {key} = {unset}"
     if key_kind == "switch":
         return f"{key} = {'true' if str(default).lower() in ('yes', 'true', '1') else 'false'}"
     if key_kind in (INTEGER, SECONDS):

@@ -31,17 +31,18 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from frontend import outages
-from frontend.auth import Access, Auth
+from frontend.auth import Auth, Credentials, Login
+from frontend.buffers import Budget
 from frontend.deadlines import Deadlines
 from frontend.metrics import Traffic
 from frontend.mqtt import channel as ch
-from frontend.mqtt.codec import Decoder
+from frontend.mqtt.codec import ConnectBounds, Decoder, Wire
 from frontend.mqtt.errors import ProtocolError
 from frontend.mqtt.message import MessageStamps
 from frontend.mqtt.packets import ConnackCode, Connect, Packet, Pubrel
 from frontend.mqtt.session import Outbound
 from frontend.publishing import Log, Publishing
-from frontend.sessions.manager import Owned, SessionManager
+from frontend.sessions.manager import NotOwnerError, Owned, SessionManager
 from router.dispatch import Dispatcher
 
 log = logging.getLogger("headwater.connection")
@@ -84,34 +85,71 @@ class Writes:
 class _Output:
     """Coalesced writes (see the module's docstring).  Each ``write`` is one packet: a PUBLISH
     is counted by its QoS (fixed header type 3, QoS in bits 1-2), and the bytes when they go
-    out."""
+    out.  The bytes held, in chunks and then in the transport's write buffer (``backlog``), are
+    counted in the node's budget (``frontend.buffers``)."""
 
-    __slots__ = ("_chunks", "paused", "traffic", "transport", "writes")
+    __slots__ = ("_chunks", "backlog", "budget", "paused", "traffic", "transport", "writes")
 
-    def __init__(self, writes: Writes, traffic: Traffic) -> None:
+    def __init__(self, writes: Writes, traffic: Traffic, budget: Budget) -> None:
         self.writes = writes
         self.traffic = traffic
+        self.budget = budget
         self._chunks: list[bytes] | None = None
         self.transport: asyncio.Transport | None = None
         self.paused = False
         """The transport asked us to stop writing: messages wait in the session's queue."""
+        self.backlog = 0
+        """Bytes the transport's write buffer held after the last flush (or ``recount``)."""
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: Wire) -> None:
+        if not isinstance(data, bytes):
+            self._write_chunks(data)
+            return
         if data[0] >> 4 == 3:  # a PUBLISH
             self.traffic.sent[(data[0] >> 1) & 3] += 1
+        self.budget.held += len(data)  # an addition never resumes reading: no call needed
         if self._chunks is None:
             self._chunks = [data]
             self.writes.add(self)
         else:
             self._chunks.append(data)
 
+    def _write_chunks(self, data: tuple[bytes, bytes]) -> None:
+        """A large PUBLISH (``codec.Wire``): its header, then the payload every subscriber
+        shares, kept apart until the flush joins this connection's output."""
+        head, payload = data
+        self.write(head)  # counts the PUBLISH, and its header's bytes
+        self.budget.held += len(payload)
+        assert self._chunks is not None
+        self._chunks.append(payload)
+
     def flush(self) -> None:
         chunks, self._chunks = self._chunks, None
+        if not chunks:
+            return
         transport = self.transport
-        if chunks and transport is not None and not transport.is_closing():
-            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            self.traffic.bytes_sent += len(data)
-            transport.write(data)
+        if transport is None or transport.is_closing():
+            self.budget.change(-sum(map(len, chunks)))
+            return
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.traffic.bytes_sent += len(data)
+        transport.write(data)
+        self.budget.change(self.recount() - len(data))
+
+    def recount(self) -> int:
+        """Read the transport's write buffer again: the change in bytes held there."""
+        transport = self.transport
+        backlog = transport.get_write_buffer_size() if transport is not None else 0
+        change, self.backlog = backlog - self.backlog, backlog
+        if backlog and change > 0:
+            self.budget.backlogged.add(self)
+        return change
+
+    def release(self) -> None:
+        """The connection is gone: its transport holds nothing of the node's any more."""
+        self.budget.change(-self.backlog)
+        self.backlog = 0
+        self.budget.backlogged.discard(self)
 
 
 @dataclass(slots=True)
@@ -139,6 +177,10 @@ class Services:
     """Connections made, bytes and PUBLISH packets in and out (``/metrics``)."""
     writes: Writes = field(default_factory=Writes)
     """The connections with output waiting; the log's pump writes them out after its turn."""
+    connect_bounds: ConnectBounds = field(default_factory=ConnectBounds)
+    """What a connection may send before it is known: one CONNECT, this big at most."""
+    buffers: Budget = field(default_factory=Budget)
+    """The bytes held in partial packets and output, node-wide (``--max-buffered-bytes``)."""
     certificate_identity: Callable[[asyncio.BaseTransport], str | None] | None = None
     """Set with ``--use-identity-as-username`` (``frontend.listeners.certificate_identity``): a
     client's user name is its TLS certificate's identity and no password is checked; a client
@@ -159,7 +201,8 @@ class _Input(Decoder):
     __slots__ = ("connection", "held", "last_seen", "opened", "paused", "slot")
 
     def __init__(self, connection: MqttConnection, now: float) -> None:
-        super().__init__(connection.services.max_packet_size)
+        services = connection.services
+        super().__init__(services.max_packet_size, services.connect_bounds)
         connection.services.traffic.connections_opened += 1  # one _Input per connection
         self.connection = connection
         self.slot: int | None = None
@@ -171,14 +214,27 @@ class _Input(Decoder):
         self.paused = False
 
     def take(self, data: bytes, now: float) -> None:
-        """Hold the packets ``data`` completes; raises :class:`ProtocolError`."""
+        """Hold the packets ``data`` completes; raises :class:`ProtocolError`.  What the
+        decoder keeps of a packet not complete yet is counted in the node's budget."""
         self.last_seen = now
-        self.connection.services.traffic.bytes_received += len(data)
-        packets = self.feed(data)
+        services = self.connection.services
+        services.traffic.bytes_received += len(data)
+        before = self.buffered()
+        try:
+            packets = self.feed(data)
+        finally:
+            if self.buffered() != before:
+                services.buffers.change(self.buffered() - before)
         if self.held is None:
             self.held = packets
         else:
             self.held += packets
+
+    def release(self) -> None:
+        """The connection is gone: its partial packet leaves the budget, and it stops waiting."""
+        buffers = self.connection.services.buffers
+        buffers.change(-self.buffered())
+        buffers.waiting.discard(self.connection)
 
     def due(self) -> float | None:
         """The CONNECT deadline, then 1.5 x keep-alive after the client was last heard from
@@ -199,7 +255,12 @@ class _Input(Decoder):
             self.connection.run(channel.keep_alive_expired())
 
     def press(self, transport: asyncio.Transport, pressed: bool) -> None:
-        """Stop reading ``transport`` while ``pressed``, read again once not."""
+        """Stop reading ``transport`` while ``pressed`` or the node's buffer budget is spent
+        (``frontend.buffers``: it resumes the connection), read again once neither."""
+        buffers = self.connection.services.buffers
+        if buffers.spent():
+            buffers.wait(self.connection)
+            pressed = True
         if pressed != self.paused:
             self.paused = pressed
             if pressed:
@@ -208,44 +269,22 @@ class _Input(Decoder):
                 transport.resume_reading()
 
 
-@dataclass(slots=True, frozen=True)
-class Login:
-    """A CONNECT's outcome: what the client may do and who it proved to be, or the CONNACK code
-    refusing it and why."""
-
-    access: Access | None
-    identity: str
-    """The proven user name (password file or certificate), "" for an anonymous client: the
-    owner of the sessions it makes."""
-    code: int = ConnackCode.ACCEPTED
-    reason: str = ""
-
-
-def _login(
-    services: Services, transport: asyncio.BaseTransport | None, connect: Connect, client_id: str
-) -> Login:
-    """What a client may do, or the CONNACK code refusing it and why.  It is known by its
-    CONNECT's user name and password, or with ``certificate_identity`` by its certificate's,
-    no password asked (Mosquitto's ``use_identity_as_username``); its will must be a message it
-    may publish."""
-    auth, username = services.auth, connect.username
-    if services.certificate_identity is None:
-        code = auth.check(username, connect.password)
-        if code != ConnackCode.ACCEPTED:
-            return Login(None, "", code, "authentication failed")
-    else:
-        username = services.certificate_identity(transport) if transport is not None else None
-        if username is None:
-            auth.denied_connects += 1
-            return Login(None, "", ConnackCode.NOT_AUTHORIZED, "no client certificate identity")
-    access = auth.access(client_id, username)
-    proven = auth.passwords is not None or services.certificate_identity is not None
-    identity = (username or "") if proven else ""
-    if connect.will is not None and not access.may_publish(connect.will.topic):
-        auth.denied_connects += 1
-        refused = f"may not publish a will to {connect.will.topic}"
-        return Login(None, identity, ConnackCode.NOT_AUTHORIZED, refused)
-    return Login(access, identity)
+async def _login(connection: MqttConnection, connect: Connect, client_id: str) -> Login:
+    """What a client may do, or the CONNACK code refusing it and why: ``frontend.auth`` decides,
+    given the CONNECT's credentials, the client's address (the PROXY header's when there is one)
+    and, with ``certificate_identity``, its certificate's identity."""
+    services, transport = connection.services, connection.transport
+    reader = services.certificate_identity
+    peer = connection.address()
+    credentials = Credentials(
+        client_id,
+        connect.username,
+        connect.password,
+        address=peer[0] if peer else None,
+        certificate=reader(transport) if reader is not None and transport is not None else None,
+        will_topic=connect.will.topic if connect.will is not None else None,
+    )
+    return await services.auth.login(credentials)
 
 
 class MqttConnection(asyncio.Protocol):
@@ -256,6 +295,7 @@ class MqttConnection(asyncio.Protocol):
         "_loop",
         "_output",
         "channel",
+        "login",
         "owned",
         "peer",
         "publishing",
@@ -270,12 +310,14 @@ class MqttConnection(asyncio.Protocol):
         """Made at the first PUBLISH (or PUBREL): most devices of a fleet only listen."""
         self.transport: asyncio.Transport | None = None
         self.owned: Owned | None = None
+        self.login: Login | None = None
+        """Who the client proved to be, once it has: what a reload checks again (SIGHUP)."""
         self.peer: tuple[str, int] | None = None
         """The client's address when a load balancer's PROXY header gave it
         (``frontend.listeners``); else the socket's peer is."""
         self._loop = asyncio.get_running_loop()
         self._busy = False
-        self._output = _Output(services.writes, services.traffic)
+        self._output = _Output(services.writes, services.traffic, services.buffers)
         self._input = _Input(self, self._loop.time())
         self._closed = False
 
@@ -293,7 +335,8 @@ class MqttConnection(asyncio.Protocol):
         try:
             self._input.take(data, self._loop.time())
         except ProtocolError as error:
-            self._fail(error)
+            # kept by the decoder: its traceback would keep ``data`` (a read) until a rare GC
+            self._fail(error.with_traceback(None))
             return
         self._drain()
         self._output.flush()
@@ -304,6 +347,8 @@ class MqttConnection(asyncio.Protocol):
         self._closed = True
         self.services.deadlines.forget(self._input)
         self.services.connections.discard(self)
+        self._input.release()
+        self._output.release()
         if self.owned is not None:
             deferred = self.publishing.take_deferred() if self.publishing else []
             for out in deferred:  # kept for the stored session
@@ -329,9 +374,6 @@ class MqttConnection(asyncio.Protocol):
     # -- the dispatcher's and the session manager's view ----------------------------------------
 
     def deliver(self, out: Outbound) -> None:
-        if not self.channel.permissions.may_read(out.message.topic):
-            out.done()  # the ACL says no (its counter counts it): as good as delivered
-            return
         session = self.channel.session
         publishing = self.publishing
         if session is None or (publishing is not None and publishing.defer_own(out)):
@@ -342,6 +384,10 @@ class MqttConnection(asyncio.Protocol):
         data = session.deliver(out, online=True, writable=not self._output.paused)
         if data is not None:
             self._output.write(data)
+
+    def may_read(self, topic: str) -> bool:
+        """The read rules' answer now (asked before a shared message is handed over)."""
+        return self.channel.permissions.may_read(topic)
 
     def takeover(self) -> None:
         log.info("client %s: session taken over by a new connection", self.channel.client_id)
@@ -354,8 +400,8 @@ class MqttConnection(asyncio.Protocol):
     def stream_failed(self, error: BaseException) -> None:
         self.run(outages.catch_up_failed(self.channel, error))
 
-    def shutdown(self) -> None:
-        self.run(self.channel.connection_lost("server shutting down"))
+    def shutdown(self, reason: str = "server shutting down") -> None:
+        self.run(self.channel.connection_lost(reason))
 
     # -- packets in ---------------------------------------------------------------------------
 
@@ -446,19 +492,23 @@ class MqttConnection(asyncio.Protocol):
 
     async def _open_session(self, action: ch.OpenSession) -> None:
         services, connect = self.services, action.connect
-        login = _login(services, self.transport, connect, action.client_id)
+        login = await _login(self, connect, action.client_id)
         if login.access is None:
             self.run(self.channel.session_refused(login.code, login.reason))
             return
+        self.login = login
         if not services.log.available:
             self.run(outages.kafka_unavailable_at_connect(self.channel))
             return
         try:
             opened = await services.sessions.open(
-                action.client_id, connect, self, lambda: self._closed
+                action.client_id, connect, self, lambda: self._closed, login.identity
             )
         except outages.STORE_ERRORS as exc:
             self.run(outages.store_failed_at_connect(self.channel, exc))
+            return
+        except NotOwnerError as refused:  # logged once, with the address, as it closes
+            self.run(self.channel.session_refused(ConnackCode.NOT_AUTHORIZED, str(refused)))
             return
         if opened is None:
             return
@@ -469,6 +519,8 @@ class MqttConnection(asyncio.Protocol):
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
         assert self.owned is not None
         sessions = self.services.sessions
+        shares = self.services.dispatcher.shares  # beyond its bounds: 0x80 (router.shared)
+        action = action.refusing(shares.admit(self.owned.session, action.granted))
         try:
             starts, new = await sessions.subscribe(self.owned, action.granted)
         except outages.STORE_ERRORS as exc:

@@ -6,10 +6,14 @@ becomes the byte stream of an MQTT connection, in up to three steps on the same 
 
 1. the PROXY header (``--proxy-protocol``), v1 or v2, read exactly: ``get_buffer`` offers only the
    bytes the header may still need (``frontend.proxy_protocol``), so what follows (MQTT, a TLS
-   ClientHello, an HTTP upgrade) stays in the socket; the address it names becomes ``peer``;
+   ClientHello, an HTTP upgrade) stays in the socket; the address it names becomes ``peer``.
+   It is believed only from a load balancer: a peer outside ``--proxy-allow`` is closed at
+   accept, before a byte is read;
 2. the TLS handshake (``mqtts``, ``wss``): ``loop.start_tls`` on the socket's transport;
 3. the WebSocket upgrade (``ws``, ``wss``): a :class:`WebSocket` is the protocol of the socket (or
-   TLS) transport and the transport of the MQTT connection: binary frames carry its bytes.
+   TLS) transport and the transport of the MQTT connection: binary frames carry its bytes.  With
+   ``--ws-origins`` an upgrade whose ``Origin`` is not listed is answered 403 (one without an
+   ``Origin``, from a client that is not a browser, is not refused).
 
 Invariants:
 
@@ -19,7 +23,8 @@ Invariants:
   header, handshake and upgrade must be done within the connect timeout; no timer or task of its
   own, but a task while its TLS handshake runs (as asyncio's TLS servers make one per handshake);
 * a refusal closes that connection only, is counted in ``Doors.refused``, and is logged at most
-  once a second per reason;
+  once a second per reason (a peer outside ``--proxy-allow``: once per address, for the last
+  :data:`LOGGED_PEERS` addresses);
 * a stream gets its transport once (``set_protocol``, then ``connection_made``), then every byte
   after those the doors consumed, in order.  asyncio's TLS transport hands the first application
   data to its protocol before ``start_tls`` returns (uvloop's after): the arrival is that protocol
@@ -32,7 +37,7 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -45,7 +50,7 @@ from wsproto.utilities import RemoteProtocolError
 
 from frontend.config import Listener, TlsFiles
 from frontend.deadlines import Deadlines
-from frontend.proxy_protocol import ProxyHeaderError, ProxyHeaderReader
+from frontend.proxy_protocol import LOOPBACK, AllowList, ProxyHeaderError, ProxyHeaderReader
 
 log = logging.getLogger("headwater.listeners")
 
@@ -58,6 +63,7 @@ WEBSOCKET_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 accepts it; the first the client offers is the one answered [MQTT-6.0.0-4]."""
 
 BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+FORBIDDEN = 403
 
 WEBSOCKET_CLOSE_WAIT = 2.0
 """Seconds a WebSocket closed by its stream waits for the client's close frame before the socket
@@ -69,6 +75,7 @@ would keep a closed client counted against ``--max-connections`` that long)."""
 
 REFUSALS = (
     "refused_max_connections",
+    "proxy_not_allowed",
     "proxy_header_errors",
     "handshake_timeouts",
     "tls_handshake_failures",
@@ -79,6 +86,9 @@ REFUSALS = (
 
 LOG_EVERY = 1.0
 """Seconds between two log lines of one refusal reason: a storm is a count, not a flood."""
+
+LOGGED_PEERS = 1024
+"""Addresses outside ``--proxy-allow`` remembered as logged already (the oldest forgotten)."""
 
 
 # -- TLS ------------------------------------------------------------------------------------------
@@ -140,6 +150,10 @@ class Doors:
     """Seconds an arrival has for its header, handshake and upgrade (the connect timeout)."""
     tls: ssl.SSLContext | None = None
     proxy_protocol: bool = False
+    proxy_allow: AllowList = field(default_factory=lambda: AllowList.parse(LOOPBACK))
+    """The peers a PROXY header is believed from (the load balancers)."""
+    ws_origins: frozenset[str] = frozenset()
+    """The ``Origin`` values a WebSocket upgrade may carry (lower case); empty: any."""
     max_connections: int = 0
     arriving: set[Arrival | WebSocket] = field(default_factory=set)
     refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSALS, 0))
@@ -148,6 +162,8 @@ class Doors:
     handshakes: set[asyncio.Task[None]] = field(default_factory=set)
     logged: dict[str, float] = field(default_factory=dict)
     """Reason -> when it was last logged."""
+    peers_logged: dict[str, None] = field(default_factory=dict)
+    """Addresses outside ``proxy_allow`` logged already, oldest first."""
 
     def admit(self, transport: asyncio.BaseTransport) -> bool:
         bound = self.max_connections
@@ -156,6 +172,25 @@ class Doors:
             self.refuse("refused_max_connections", who, f"{bound} connections open already")
             return False
         return True
+
+    def believes(self, transport: asyncio.BaseTransport) -> bool:
+        """Whether the peer of ``transport`` may send a PROXY header; if not, it is counted,
+        and logged the first time (of the last :data:`LOGGED_PEERS`) it is seen."""
+        peer = transport.get_extra_info("peername")
+        host = str(peer[0]) if peer else ""
+        if self.proxy_allow.allows(host):
+            return True
+        count = self.refused["proxy_not_allowed"] = self.refused["proxy_not_allowed"] + 1
+        if host not in self.peers_logged:
+            if len(self.peers_logged) >= LOGGED_PEERS:
+                del self.peers_logged[next(iter(self.peers_logged))]
+            self.peers_logged[host] = None
+            log.warning(
+                "connection from %s closed: a PROXY header is believed only from %s "
+                "(--proxy-allow) (proxy_not_allowed: %d so far)",
+                _who(None, transport), self.proxy_allow, count,
+            )  # fmt: skip
+        return False
 
     def refuse(self, reason: str, who: str, detail: str) -> None:
         """Count a refusal; log it unless one of its kind was logged less than a second ago."""
@@ -221,7 +256,7 @@ class Arrival:
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = raw = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         doors = self.doors
-        if not doors.admit(raw):
+        if not doors.admit(raw) or (doors.proxy_protocol and not doors.believes(raw)):
             raw.abort()
             return
         doors.arriving.add(self)
@@ -451,6 +486,9 @@ class WebSocket(asyncio.Protocol):
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self.transport.set_write_buffer_limits(high, low)
 
+    def get_write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size()
+
     def due(self) -> float | None:
         if self._closing_since is not None:
             return self._closing_since + WEBSOCKET_CLOSE_WAIT
@@ -491,6 +529,11 @@ class WebSocket(asyncio.Protocol):
         if request.target.split("?", 1)[0] != WEBSOCKET_PATH:
             reply = handshake.send(events.RejectConnection(status_code=404))
             self._refuse(reply, f"WebSocket path {request.target!r} is not {WEBSOCKET_PATH}")
+            return
+        origin = _origin(event.headers)
+        if self.doors.ws_origins and origin is not None and origin not in self.doors.ws_origins:
+            reply = handshake.send(events.RejectConnection(status_code=FORBIDDEN))
+            self._refuse(reply, f"Origin {origin!r} is not one of --ws-origins")
             return
         offered = [p for p in request.subprotocols if p in WEBSOCKET_SUBPROTOCOLS]
         if not offered:
@@ -556,6 +599,14 @@ class WebSocket(asyncio.Protocol):
         if ws is not None and ws.state is ConnectionState.OPEN:
             self.transport.write(ws.send(events.CloseConnection(code=code, reason=reason)))
         self.transport.close()
+
+
+def _origin(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The request's ``Origin`` (RFC 6454), lower case, no trailing slash; None without one."""
+    for name, value in headers:
+        if name.lower() == b"origin":
+            return value.decode("latin-1").strip().rstrip("/").lower()
+    return None
 
 
 # -- the listeners --------------------------------------------------------------------------------

@@ -1,8 +1,14 @@
 """Log lines: text or JSON, and repeated warnings and errors summarised.
 
 :func:`setup_logging` gives the root logger one handler on stderr, as ``logging.basicConfig`` does
-(and, like it, nothing when the root has a handler already): a text line per record, or with
-``--log-format json`` one JSON object per line (:class:`JsonFormatter`).
+(and, like it, nothing when the root has a handler already): a text line per record
+(:class:`TextFormatter`), or with ``--log-format json`` one JSON object per line
+(:class:`JsonFormatter`).
+
+A record is one line, whatever a client put in it: client ids, topics, user names and reasons
+reach messages as the client sent them, so the text formatter escapes the control characters of
+every message (a newline becomes ``\n``, and so on), once, for every record, not at each call
+site; JSON escapes them by itself.  A traceback, which the node writes, keeps its lines.
 
 :class:`RepeatFilter`, on that handler, keeps an outage from writing a line per client.  A record
 of WARNING or worse opens a window (10 s) for its logger, level and template (``record.msg``,
@@ -19,6 +25,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -33,17 +40,53 @@ MAX_WINDOWS = 1024
 SUMMARY = "headwater_repeat_summary"
 """The attribute that marks a summary record, which the filter lets through."""
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""C0 and C1 controls, DEL, and the Unicode line and paragraph separators: what can end or
+rewrite a line on a terminal or in a log viewer."""
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with each control character written as an escape (``\\n``, ``\\x1b``,
+    ``\\u2028``); the same string, not a copy, when it has none (the usual case)."""
+    if _CONTROL.search(text) is None:
+        return text
+    return _CONTROL.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
 
 def setup_logging(level: str, form: str) -> None:
     """Log to stderr at ``level``, as ``text`` or ``json`` lines, repeats summarised."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if form == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if form == "json" else TextFormatter(TEXT_FORMAT))
     repeats = RepeatFilter(handler.handle)
     handler.addFilter(repeats)
     logging.basicConfig(level=level, handlers=[handler])
     if handler in logging.getLogger().handlers:
         threading.Thread(target=repeats.flush_forever, name="log-repeats", daemon=True).start()
         atexit.register(repeats.flush, everything=True)
+
+
+class TextFormatter(logging.Formatter):
+    """``logging.Formatter`` whose message is one line: its control characters escaped."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        message = record.message
+        escaped = escape_controls(message)
+        if escaped is message:
+            return super().formatMessage(record)
+        record.message = escaped  # for this format only: the record is shared by handlers
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
 
 
 class JsonFormatter(logging.Formatter):

@@ -59,16 +59,29 @@ COUNTERS = {
     "another node [MQTT-3.1.4-2].",
     "session_takeovers_forced": "Of those, sessions taken by force from a node that did not let go "
     "in time.",
+    "session_takeovers_refused": "CONNECTs refused (CONNACK 5) for a client id whose session "
+    "belongs to another identity (user name or certificate).",
     "checkpoints_written": "Delivery checkpoints this node process wrote.",
     "messages_produced": "Messages the log acknowledged as written.",
     "produce_errors": "Messages the log failed to write.",
     "undecodable_records": "Records in the log that could not be decoded (skipped).",
     "protocol_errors": "Connections closed for a protocol violation.",
-    "connects_denied": "CONNECTs refused: bad credentials, none, or a will the ACL denies.",
+    "connects_denied": "CONNECTs refused: bad credentials, none, a throttled address, or a will "
+    "the ACL denies.",
     "publishes_denied": "PUBLISH packets the ACL denied (acknowledged, never written).",
     "subscriptions_denied": "SUBSCRIBE filters the ACL denied (0x80).",
     "deliveries_denied": "Messages a subscription matched that the ACL let the client not read.",
+    "logins_throttled": "CONNECTs refused (CONNACK 5) without a password check, their address "
+    "having failed too many logins (also counted in connects_denied).",
+    "logins_shed": "CONNECTs answered CONNACK 3: too many password checks waiting already.",
+    "clients_revoked": "Clients disconnected by a reload (SIGHUP): their password entry gone or "
+    "changed.",
     "subscriptions_over_limit": "SUBSCRIBE filters refused for --max-subscriptions (0x80).",
+    "retained_over_limit": "Retained PUBLISHes not retained for --max-retained or "
+    "--max-retained-bytes (delivered to subscribers all the same).",
+    "share_groups_refused": "$share filters refused (0x80), or not served after a resume, for "
+    "--max-share-groups or --max-share-groups-per-client.",
+    "share_messages_denied": "Shared messages no member on this node may read (finished unread).",
     "refused_max_connections": "Connections closed at accept for --max-connections.",
     "proxy_header_errors": "Connections closed for a malformed, truncated or missing PROXY header.",
     "handshake_timeouts": "Connections without their PROXY header, TLS handshake or WebSocket "
@@ -77,6 +90,11 @@ COUNTERS = {
     "websocket_upgrades_refused": "HTTP requests refused an upgrade (path, subprotocol, headers).",
     "websocket_errors": "WebSocket connections closed for a text or malformed frame.",
     "connect_timeouts": "Connections closed for sending no CONNECT within the connect timeout.",
+    "proxy_not_allowed": "Connections closed at accept: a PROXY header is believed only from "
+    "--proxy-allow.",
+    "buffer_pauses": "Times the clients' partial packets and output passed --max-buffered-bytes "
+    "and the node stopped reading.",
+    "buffer_paused_seconds": "Time the node spent not reading for --max-buffered-bytes.",
     "connections_opened": "MQTT connections made (after any PROXY header, TLS and upgrade).",
     "bytes_received": "Bytes received from clients (MQTT packets, after TLS and WebSocket).",
     "bytes_sent": "Bytes sent to clients (MQTT packets, before TLS and WebSocket).",
@@ -88,8 +106,10 @@ COUNTERS = {
 GAUGES = {
     "connections": "MQTT connections open now, with a session or still before CONNACK.",
     "connections_arriving": "Connections in their PROXY header, TLS handshake or upgrade now.",
+    "buffered_bytes": "Bytes held in clients' partial packets and output buffers now.",
     "clients": "Connected clients.",
     "clients_behind": "Clients reading on from the log now.",
+    "share_groups": "$share groups with members on this node now (a Kafka consumer each).",
     "sessions_catching_up": "Sessions the catch-up consumer is reading for now.",
     "sessions_active": "Persistent sessions the saver looks at each round.",
     "kafka_available": "1 while Kafka takes writes.",
@@ -98,6 +118,7 @@ GAUGES = {
 
 REFUSED = {
     "refused_max_connections": "max_connections",
+    "proxy_not_allowed": "proxy_not_allowed",
     "proxy_header_errors": "proxy_header",
     "handshake_timeouts": "handshake_timeout",
     "tls_handshake_failures": "tls_handshake",

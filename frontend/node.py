@@ -10,7 +10,8 @@ connections are :class:`frontend.connection.MqttConnection`.
 
 Start-up fails fast with one line naming what is at fault (a bad flag or ``HEADWATER_*``
 variable, a password or ACL file line, an unreachable Kafka, a missing log topic).  SIGHUP
-rereads the password and ACL files (``frontend.auth``).  SIGINT and SIGTERM drain the node
+rereads the password and ACL files (``frontend.auth``) and disconnects the clients whose
+password entry is gone or changed.  SIGINT and SIGTERM drain the node
 (:meth:`Node.stop`): ``/ready`` says "draining" at once and the listeners close, the PUBLISHes
 already given to Kafka get their PUBACK/PUBREC, every client is closed (its persistent session
 stored by the release path), then the producer is flushed and the process exits 0.
@@ -38,6 +39,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from frontend import listeners
 from frontend.auth import Auth
+from frontend.buffers import Budget
 from frontend.cluster import Coordinator
 from frontend.config import (
     ConfigError,
@@ -50,7 +52,13 @@ from frontend.config import (
 from frontend.config_file import parse_args
 from frontend.connection import MqttConnection, Services
 from frontend.logs import setup_logging
-from frontend.retained import MemoryRetainedStore, RedisRetainedStore, RetainedStore
+from frontend.mqtt.codec import ConnectBounds
+from frontend.retained import (
+    MemoryRetainedStore,
+    RedisRetainedStore,
+    RetainedLimits,
+    RetainedStore,
+)
 from frontend.sessions.manager import SessionManager
 from frontend.sessions.redis import RedisClient, RedisSessionStore
 from frontend.sessions.store import MemorySessionStore, SessionStore
@@ -61,6 +69,7 @@ from router.dispatch import Dispatcher
 from router.log import KafkaLog, LogSettings
 from router.partitioner import Router
 from router.record import wall_clock_stamps
+from router.shared import ShareLimits
 
 log = logging.getLogger("headwater.node")
 
@@ -106,9 +115,11 @@ class Node:
         self.log = KafkaLog(
             LogSettings(config.kafka_bootstrap, config.topic, config.node_id), self.router
         )
-        self.dispatcher = Dispatcher(self.log, self.router)
+        shares = ShareLimits(config.max_share_groups, config.max_share_groups_per_client)
+        self.dispatcher = Dispatcher(self.log, self.router, shares)
         self.log.reader.on_records = self.dispatcher.dispatch
         stamps = wall_clock_stamps(config.node_id)
+        self.retained_limits = RetainedLimits(config.max_retained, config.max_retained_bytes)
         self.systree = SysTree(
             config.node_id, config.sys_interval, stamps, self.log, self.dispatcher, self.stats
         )
@@ -116,7 +127,7 @@ class Node:
             stamps,
             config.limits,
             sessions or MemorySessionStore(config.session_expiry),
-            self.systree.serving(retained or MemoryRetainedStore()),
+            self.systree.serving(retained or MemoryRetainedStore(self.retained_limits)),
             self.dispatcher,
             self.log,
         )
@@ -125,11 +136,13 @@ class Node:
             config.limits,
             config.max_packet_size,
             config.connect_timeout,
-            auth or Auth(config.password_file, config.acl_file),
+            auth or node_auth(config),
             self.log,
             self.sessions,
             self.dispatcher,
         )
+        self.services.connect_bounds = ConnectBounds(config.max_connect_size, config.max_will_size)
+        self.services.buffers = Budget(config.max_buffered_bytes)
         self.log.on_served = self.services.writes.flush
         tls = config.tls
         if tls is not None and tls.use_identity_as_username:
@@ -141,6 +154,8 @@ class Node:
             config.connect_timeout,
             tls=listeners.tls_context(tls) if tls is not None else None,
             proxy_protocol=config.proxy_protocol,
+            proxy_allow=config.proxy_allow,
+            ws_origins=config.ws_origins,
             max_connections=config.max_connections,
         )
         self.endpoints = [Listener("mqtt", config.host, config.port), *config.listeners]
@@ -172,6 +187,7 @@ class Node:
             )
             self.config.stats_port = self._stats_server.sockets[0].getsockname()[1]
         log.info("node %s serving %s", self.config.node_id, self.describe_listeners())
+        log.info("node %s: %s", self.config.node_id, self.services.auth.describe_anonymous())
 
     @property
     def listening(self) -> dict[str, int]:
@@ -179,7 +195,8 @@ class Node:
         return self.doors.listening
 
     def describe_listeners(self) -> str:
-        proxied = " behind PROXY headers" if self.config.proxy_protocol else ""
+        allow = self.config.proxy_allow
+        proxied = f" behind PROXY headers from {allow}" if self.config.proxy_protocol else ""
         doors = ", ".join(f"{lst.kind} on {lst.host}:{lst.port}" for lst in self.endpoints)
         return doors + proxied
 
@@ -200,7 +217,9 @@ class Node:
             sessions.wills.publish_orphaned,
             sessions.taken_elsewhere,
         )
-        retained = RedisRetainedStore(client, self.config.routing_depth, prefix)
+        retained = RedisRetainedStore(
+            client, self.config.routing_depth, prefix, self.retained_limits
+        )
         sessions.join_cluster(store, self.systree.serving(retained), coordinator)
         await coordinator.start()
         self._redis = client
@@ -233,9 +252,17 @@ class Node:
         )
 
     def reload(self) -> None:
-        """Reread the password and ACL files (SIGHUP): connected clients stay, and are judged by
-        the new rules from their next packet on; a file that does not load keeps its old rules."""
-        self.services.auth.reload()
+        """Reread the password and ACL files (SIGHUP): a client whose password entry is gone or
+        changed is disconnected (as Mosquitto 2 does); the others stay, and are judged by the new
+        rules from their next packet on; a file that does not load keeps its old rules."""
+        auth = self.services.auth
+        auth.reload()
+        revoked = [c for c in self.connections if c.login and not auth.still_passes(c.login)]
+        for connection in revoked:
+            connection.shutdown("credentials no longer valid after a reload")  # will published
+        auth.revoked += len(revoked)
+        if revoked:
+            log.info("reload: %d clients disconnected, their credentials gone", len(revoked))
 
     def stats(self) -> dict[str, Any]:
         return snapshot(
@@ -245,6 +272,7 @@ class Node:
             self.dispatcher,
             self.services,
             doors=self.doors,
+            retained=self.retained_limits,
         )
 
     def not_ready(self) -> list[str]:
@@ -280,6 +308,7 @@ class Node:
         if self._stats_server is not None:
             self._stats_server.close()
         await self._stop_parts()
+        self.services.auth.close()
         log.info(
             "node %s drained in %.2f s: %d clients closed, %d of %d sessions stored, "
             "%d publishes finished, %d unacknowledged",
@@ -386,6 +415,18 @@ a young collection every 700 net allocations of containers: at thousands of mess
 each a handful of short-lived objects, that took about 10% of a node's CPU (py-spy, issue 14),
 and each full collection walked every session of an idle fleet.  Messages rarely make cycles;
 the young generation still collects those that do, seventy times less often."""
+
+
+def node_auth(config: NodeConfig) -> Auth:
+    """The node's password and ACL files, and who logs in how (``frontend.auth``)."""
+    tls = config.tls
+    certificates = tls is not None and tls.use_identity_as_username
+    return Auth(
+        config.password_file,
+        config.acl_file,
+        allow_anonymous=config.allow_anonymous,
+        certificates=certificates,
+    )
 
 
 def tune_gc() -> None:

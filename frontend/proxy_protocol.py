@@ -7,12 +7,57 @@ and what follows (MQTT, a TLS ClientHello, an HTTP upgrade) stays in the socket 
 reader (``frontend.listeners``).  Anything that cannot begin or complete a valid header raises
 :class:`ProxyHeaderError` as soon as it is seen.  v2's TLVs are skipped; v1 ``UNKNOWN`` and v2
 ``LOCAL`` (a health check) name no client.
+
+A header is believed only from a load balancer: :class:`AllowList` (``--proxy-allow``) says
+whether a connection's peer is one; any other peer's connection is closed before a byte of it
+is read.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+LOOPBACK = "127.0.0.0/8,::1/128"
+"""The default ``--proxy-allow``: a load balancer on the node's own host."""
+
+
+@dataclass(frozen=True, slots=True)
+class AllowList:
+    """The networks whose peers may send a PROXY header: the load balancers."""
+
+    networks: tuple[Network, ...]
+
+    @classmethod
+    def parse(cls, text: str) -> AllowList:
+        """``CIDR[,CIDR...]`` (a bare address is a /32 or /128); ValueError names a bad one."""
+        words = [word.strip() for word in text.split(",") if word.strip()]
+        if not words:
+            raise ValueError("no network given")
+        networks = []
+        for word in words:
+            try:
+                networks.append(ipaddress.ip_network(word, strict=False))
+            except ValueError:
+                raise ValueError(f"{word!r} is not an address or CIDR network") from None
+        return cls(tuple(networks))
+
+    def allows(self, host: str) -> bool:
+        """Whether ``host`` (a socket's peer address) is in one of the networks; an IPv4
+        address mapped into IPv6 (a dual-stack socket's) counts as the IPv4 one."""
+        try:
+            address = ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in network for network in self.networks)
+
+    def __str__(self) -> str:
+        return ",".join(str(network) for network in self.networks)
+
 
 PROXY_V1_PREFIX = b"PROXY "
 PROXY_V1_SHORTEST = len(b"PROXY UNKNOWN\r\n")

@@ -23,6 +23,7 @@ from typing import Any
 from frontend.connection import Services
 from frontend.listeners import Doors
 from frontend.metrics import CONTENT_TYPE, exposition
+from frontend.retained import RetainedLimits
 from router.dispatch import Dispatcher
 from router.log import KafkaLog
 from router.partitioner import Router
@@ -38,6 +39,7 @@ def snapshot(
     services: Services,
     *,
     doors: Doors,
+    retained: RetainedLimits,
 ) -> dict[str, Any]:
     reader, counters, sessions = klog.reader, dispatcher.counters, services.sessions
     traffic = services.traffic
@@ -73,15 +75,25 @@ def snapshot(
         "publishes_denied": services.auth.denied_publishes,
         "subscriptions_denied": services.auth.denied_subscriptions,
         "deliveries_denied": services.auth.denied_reads,
+        "logins_throttled": services.auth.throttle.throttled,
+        "logins_shed": services.auth.hashing.shed,
+        "clients_revoked": services.auth.revoked,
         "subscriptions_over_limit": services.subscriptions_refused,
+        "retained_over_limit": retained.refused,
         "listeners": dict(doors.listening),
         "connections_arriving": len(doors.arriving),
         **doors.refused,
         "connect_timeouts": services.connect_timeouts,
+        "buffered_bytes": services.buffers.held,
+        "buffer_pauses": services.buffers.pauses,
+        "buffer_paused_seconds": round(services.buffers.paused_seconds, 3),
         "wills_published": sessions.wills.published,
         "orphaned_wills_published": sessions.wills.orphaned,
         "wills_lost": sessions.wills.lost,
         "shared_groups": dispatcher.share_names(),
+        "share_groups": len(dispatcher.shares.groups),
+        "share_groups_refused": dispatcher.shares.refused,
+        "share_messages_denied": dispatcher.shares.denied,
         "kafka_available": klog.available,
         "redis_reachable": sessions.coordinator is None or sessions.coordinator.redis_reachable,
         "connections": len(services.connections),
@@ -96,6 +108,7 @@ def snapshot(
         "sessions_resumed": sessions.resumed,
         "session_takeovers": sessions.takeovers,
         "session_takeovers_forced": sessions.takeovers_forced,
+        "session_takeovers_refused": sessions.takeovers_refused,
     }
 
 

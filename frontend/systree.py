@@ -31,7 +31,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -368,6 +368,12 @@ class WithTotals:
 
     async def apply(self, message: Message, partition: int, offset: int) -> None:
         await self.store.apply(message, partition, offset)
+
+    async def scan(self, topic_filter: str) -> AsyncIterator[list[Record]]:
+        async for batch in self.store.scan(topic_filter):
+            yield batch
+        if wants_totals(topic_filter):
+            yield await self.systree.retained_totals(topic_filter)
 
     async def match(self, topic_filter: str) -> list[Record]:
         found = await self.store.match(topic_filter)

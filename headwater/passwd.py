@@ -22,6 +22,7 @@ from typing import cast
 from frontend.auth.passwords import (
     DEFAULT_ITERATIONS,
     DEFAULT_METHOD,
+    MAX_ITERATIONS,
     METHODS,
     Method,
     convert_plain_text,
@@ -119,8 +120,8 @@ def _delete(path: str, user: str) -> None:
 
 
 def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.iterations < 1:
-        parser.error("-I: the number of iterations must be at least 1")
+    if not 1 <= args.iterations <= MAX_ITERATIONS:
+        parser.error(f"-I: the number of iterations must be 1..{MAX_ITERATIONS}")
     if args.upgrade:
         if args.username is not None or args.batch:
             parser.error("-U takes only the password file")

@@ -24,7 +24,8 @@ A client whose queue is full reads on from the log (``router.backlog``): the log
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from frontend.mqtt import topics
 from frontend.mqtt.codec import PublishTemplate
@@ -35,7 +36,7 @@ from router.delivery import Client, Counters, Subscriber, delivery_qos, template
 from router.log import KafkaLog
 from router.partitioner import Router
 from router.record import Record
-from router.shared import ShareGroup, consumer_config, group_id
+from router.shared import ShareGroup, ShareGroups, ShareLimits
 from router.subscriptions import Subscriptions
 
 WATCHER = "\0watch:"
@@ -46,7 +47,9 @@ contains U+0000 [MQTT-1.5.3-2], so none can collide."""
 class Dispatcher:
     """Node-local delivery: the connected clients and what each receives."""
 
-    def __init__(self, log_: KafkaLog, router: Router) -> None:
+    def __init__(
+        self, log_: KafkaLog, router: Router, share_limits: ShareLimits | None = None
+    ) -> None:
         self.log = log_
         self.subscriptions = Subscriptions(log_, router)
         self.router = router
@@ -55,7 +58,7 @@ class Dispatcher:
         self._clients: dict[str, Client] = {}
         self.touched: set[str] = set()
         """Persistent sessions given a message since the session manager last took this."""
-        self._shares: dict[tuple[str, str], ShareGroup] = {}
+        self.shares = ShareGroups(log_, router, share_limits or ShareLimits(), self._share)
         self.watchers = Watchers(self.subscriptions)
 
     # -- clients ------------------------------------------------------------------------------
@@ -90,7 +93,7 @@ class Dispatcher:
             if shared is None:
                 plain.append(topic_filter)
             else:
-                self._leave_share(shared, session.client_id)
+                self.shares.leave(shared, session.client_id)
         self.subscriptions.forget(session.client_id, plain)
         for out in session.unfinished():  # unacknowledged shared messages go to another member
             if out.redeliver is not None:
@@ -134,15 +137,21 @@ class Dispatcher:
     async def _subscribe_shared(
         self, session: Session, requests: list[tuple[str, int]]
     ) -> list[tuple[str, int]]:
-        """Join the share groups of the shared filters in ``requests``; the plain ones."""
+        """Join the share groups of the shared filters in ``requests`` (all at once, then wait
+        for the new ones to read); the plain ones.  A filter the bounds refuse here (a resumed
+        session's: a SUBSCRIBE's were refused by ``shares.admit``) stays the session's, unserved
+        on this node (``router.shared``)."""
         plain: list[tuple[str, int]] = []
+        joined: list[ShareGroup] = []
         for topic_filter, qos in requests:
             shared = topics.parse_shared(topic_filter)
             if shared is None:
                 plain.append((topic_filter, qos))
+            elif (group := self.shares.join(session, topic_filter, shared, qos)) is not None:
+                joined.append(group)
             else:
                 session.subscriptions[topic_filter] = qos
-                await self._join_share(shared, session.client_id, qos)
+        await asyncio.gather(*(self.shares.start(group) for group in joined))
         return plain
 
     def activate(self, session: Session, filters: Iterable[str]) -> None:
@@ -155,7 +164,7 @@ class Dispatcher:
         for topic_filter in filters:
             shared = topics.parse_shared(topic_filter)
             if shared is not None and session.subscriptions.pop(topic_filter, None) is not None:
-                self._leave_share(shared, session.client_id)
+                self.shares.leave(shared, session.client_id)
         self.subscriptions.remove(session, filters)
 
     # -- live ---------------------------------------------------------------------------------
@@ -209,34 +218,33 @@ class Dispatcher:
 
     # -- retained -----------------------------------------------------------------------------
 
-    def deliver_retained(
+    async def deliver_retained(
         self,
         session: Session,
-        found: dict[str, list[Record]],
+        filters: Iterable[str],
         new: Iterable[str],
         starts: dict[int, int],
+        scan: Callable[[str], AsyncIterator[list[Record]]],
     ) -> None:
-        """After a SUBACK: the retained messages ``found`` per granted filter, each once at the
-        highest QoS that matched it, in log order, RETAIN=1 [MQTT-3.3.1-8].  For a new
-        subscription only those before its start offsets: later ones arrive live."""
-        client = self._clients.get(session.client_id)
-        if client is None:
-            return
+        """After a SUBACK: the retained messages the granted ``filters`` match, RETAIN=1
+        [MQTT-3.3.1-8], read from ``scan`` a batch at a time and delivered as they come (in log
+        order within a batch).  A topic several filters match is sent once, at the highest QoS
+        among them, while its first such filter is read ([MQTT-3.3.5-1]; Mosquitto sends one
+        per filter): nothing of it is held meanwhile.  For a new subscription only those before
+        its start offsets: later ones arrive live.  Stops if the client goes."""
         fresh = set(new)
-        granted: dict[str, int] = {}
-        records: dict[str, Record] = {}
-        for topic_filter, matched in found.items():
-            qos = session.subscriptions.get(topic_filter, 0)
-            for rec in matched:
-                if topic_filter in fresh and rec.offset >= starts.get(rec.partition, 0):
-                    continue
-                topic = rec.message.topic
-                granted[topic] = max(qos, granted.get(topic, 0))
-                records[topic] = rec
-        for rec in sorted(records.values(), key=lambda r: (r.partition, r.offset)):
-            qos = delivery_qos(granted[rec.message.topic], rec.message.qos)
-            template = template_for(rec.message, qos, {})
-            self._deliver(client, Outbound(rec.message, qos, True, template))
+        granted = [(f, session.subscriptions.get(f, 0), f in fresh) for f in dict.fromkeys(filters)]
+        for i, (topic_filter, _, _) in enumerate(granted):
+            async for batch in scan(topic_filter):
+                client = self._clients.get(session.client_id)
+                if client is None or client.session is not session:
+                    return
+                for rec in sorted(batch, key=lambda r: (r.partition, r.offset)):
+                    qos = _retained_qos(granted, i, rec, starts)
+                    if qos is not None:
+                        qos = delivery_qos(qos, rec.message.qos)
+                        template = template_for(rec.message, qos, {})
+                        self._deliver(client, Outbound(rec.message, qos, True, template))
 
     # -- catch-up: the log is the queue ---------------------------------------------------------
 
@@ -256,41 +264,32 @@ class Dispatcher:
 
     # -- shared subscriptions -----------------------------------------------------------------
 
-    async def _join_share(self, shared: tuple[str, str], client_id: str, qos: int) -> None:
-        group = self._shares.get(shared)
-        if group is None:
-            wanted = self.router.partitions_for_filter(shared[1])
-            consumer = self.log.consumer(group_id(*shared), **consumer_config())
-            group = ShareGroup(consumer, self.log.settings.topic, *shared, wanted, self._share)
-            self._shares[shared] = group
-            group.start(await self.log.high_watermarks(wanted))
-            self.log.reader.join(group)
-        group.members[client_id] = qos
-
-    def _leave_share(self, shared: tuple[str, str], client_id: str) -> None:
-        group = self._shares.get(shared)
-        if group is None or group.members.pop(client_id, None) is None:
-            return
-        if not group.members:
-            del self._shares[shared]
-            self.log.reader.forget(group)
-
     def _share(self, group: ShareGroup, rec: Record, skip: str | None = None) -> None:
-        member = group.next_member(skip)
+        """``rec`` to the next member here that may read it; finished unread (denied) if no
+        member here may; left uncommitted if none is left here (``router.shared``)."""
+        topic = rec.message.topic
+        member = group.pick(lambda m: self._may_read(m, topic), skip)
         client = self._clients.get(member) if member is not None else None
         if member is None or client is None:
-            return  # nobody left here: stays uncommitted for the partition's next owner
+            if group.members:
+                self.shares.denied += 1
+                group.finished(rec)
+            return
         qos = delivery_qos(group.members[member], rec.message.qos)
         out = Outbound(rec.message, qos, False, template_for(rec.message, qos, {}))
         out.on_done = lambda: group.finished(rec)
         out.redeliver = lambda: self._share(group, rec, skip=member)
         self._deliver(client, out)
 
+    def _may_read(self, client_id: str, topic: str) -> bool:
+        client = self._clients.get(client_id)
+        return client is not None and client.subscriber.may_read(topic)
+
     def share_group(self, group: str, topic_filter: str) -> ShareGroup | None:
-        return self._shares.get((group, topic_filter))
+        return self.shares.groups.get((group, topic_filter))
 
     def share_names(self) -> list[str]:
-        return [f"$share/{g}/{f}" for g, f in self._shares]
+        return self.shares.names()
 
 
 class Watchers:
@@ -323,3 +322,19 @@ class Watchers:
         watcher = self._watching.get(client_id)
         if watcher is not None:
             watcher[1](rec)
+
+
+def _retained_qos(
+    granted: list[tuple[str, int, bool]], i: int, rec: Record, starts: dict[int, int]
+) -> int | None:
+    """The QoS to send retained ``rec`` at while the ``i``-th granted filter is read: the
+    highest of the filters it is for, if the ``i``-th is the first of them; else None.  A new
+    filter is not for a record from its start offset on (that one arrives live)."""
+    topic, first, highest = rec.message.topic, None, 0
+    for j, (topic_filter, qos, new) in enumerate(granted):
+        if new and rec.offset >= starts.get(rec.partition, 0):
+            continue
+        if j == i or topics.matches(topic_filter, topic):
+            first = j if first is None else first
+            highest = max(highest, qos)
+    return highest if first == i else None

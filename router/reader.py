@@ -13,8 +13,8 @@ no consumer per client, per session or per replay.  The consumers:
 * one per **share group** with members on this node (a Kafka group is a consumer's property):
   :class:`router.shared.ShareGroup`.
 
-So the number of consumers is two plus the number of share groups, independent of clients and
-sessions.
+So the number of consumers is two plus the number of share groups (at most
+``--max-share-groups``, ``router.shared.ShareGroups``), independent of clients and sessions.
 """
 
 from __future__ import annotations
@@ -150,12 +150,13 @@ class LogReader:
         self.shares.append(group)
 
     def forget(self, group: ShareGroup) -> None:
-        """Stop serving ``group``; its consumer leaves the Kafka group in the background."""
+        """Stop serving ``group`` (served or not yet); its consumer leaves the Kafka group and
+        closes in the background."""
         if group in self.shares:
             self.shares.remove(group)
-            task = asyncio.get_running_loop().create_task(group.stop())
-            self._leaving.add(task)
-            task.add_done_callback(self._leaving.discard)
+        task = asyncio.get_running_loop().create_task(group.stop())
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
 
     def _decode(self, raw: list[Any]) -> list[Record]:
         """The records of a fetched batch, counted; fetch errors and undecodable values are

@@ -1,21 +1,56 @@
 """Shared subscriptions, ``$share/<group>/<filter>``: each message to one member cluster-wide.
 
-Each (group, filter) is one Kafka consumer group, ``headwater.share.<group>.<filter>``, whose
-members are the nodes that have at least one local client in the share.  Kafka's group protocol
-gives each partition of the log to exactly one member node, so each matching record is handled by
-one node; that node hands it to one of its local members, round-robin.  Partitions the filter
-cannot need (see ``router.partitioner``) are paused as soon as they are assigned, so a node never
-fetches them: interest routing holds for shared subscriptions too.  Balance across nodes is
-therefore at partition granularity: a filter whose routing levels are literal lives on one
-partition and is served by one node at a time.
+Each (group, filter) is one Kafka consumer group (:func:`group_id`) whose members are the nodes
+that have at least one local client in the share.  Kafka's group protocol gives each partition
+of the log to exactly one member node, so each matching record is handled by one node; that node
+hands it to one of its local members, round-robin.  Partitions the filter cannot need (see
+``router.partitioner``) are paused as soon as they are assigned, so a node never fetches them:
+interest routing holds for shared subscriptions too.  Balance across nodes is therefore at
+partition granularity: a filter whose routing levels are literal lives on one partition and is
+served by one node at a time.
+
+Bounds.  A Kafka consumer belongs to exactly one ``group.id``, and each share group must see
+every record of the log once, whatever the other groups do; so a group's record positions,
+commits and partition ownership are its own, and the one honest way to get them from Kafka is
+one consumer per group (librdkafka: about four threads and its fetch buffers).  Groups sharing a
+bounded set of consumers per node would mean rebuilding Kafka's group protocol beside it
+(partition leases per group in Redis, per-group commit points, the node's one reader delivering
+for every group it holds leases of, rebalances when members come and go) with its own failure
+cases to prove: not something to ship untested.  So the number of share groups is capped
+instead (:class:`ShareGroups`): at most ``--max-share-groups`` groups with members on a node, and
+at most ``--max-share-groups-per-client`` ``$share`` filters held by one client.  A SUBSCRIBE
+beyond either bound gets 0x80 for that filter, counted (``share_groups_refused``) and logged once
+per bound; joining a group the node already has costs no consumer and only counts against the
+client's bound.  Threads therefore grow with the setting, never with what clients ask for.  A
+returning session whose stored ``$share`` filter would go beyond the node's bound keeps the
+filter but is not served it on this node (counted the same way): the group's records wait in
+Kafka for a member node, as they do for a group with no member anywhere.
+
+Group ids.  :func:`group_id` is injective: ``headwater.share.<n>:<group>.<filter>``, ``<n>``
+the share name's length in characters, so no two (group, filter) pairs share a Kafka group
+(the former ``headwater.share.<group>.<filter>`` made ``$share/q1/p.t/x`` and
+``$share/q1.p/t/x`` one group, each record going to only one of them).  Deployments upgraded
+from that form get new group ids: the old ids' committed offsets are not read, and each group
+starts at the high watermark, like any new group (messages published while no node held the
+group are not delivered to it); the old groups expire from Kafka by its offset retention.
+
+Reading rights.  A record goes to the next member, in round-robin order, that may read its
+topic (``Subscriber.may_read``: the ACL at the time of sending).  A member that may not is
+skipped, never handed the record to acknowledge it unread.  If no member on this node may read
+it, the record is finished (committed) unread and counted (``share_messages_denied``): Kafka
+gave the partition to this node for the group, so no other node of the group will see the
+record while this node holds it, and keeping it outstanding would pin the partition's commit
+point forever (every later record would be delivered again at each rebalance).  That is
+Mosquitto's answer too (a shared message its chosen member may not read is dropped), except
+that here every local member is asked first.  A member that leaves with records unacknowledged
+hands them to the next member that may read them, or leaves them uncommitted if none is left.
 
 Offsets are committed only for records whose delivery is finished: QoS 0 once written to a
-member, QoS 1/2 once the member acknowledged (PUBACK, PUBCOMP).  Per partition the committed
-offset is the lowest offset still outstanding, so a node that leaves or dies hands its partitions
-to another member node, which resumes from there: nothing is lost, and a message whose ack was
-pending may be delivered again (at-least-once across a failure, as Kafka groups give).  When a
-member disconnects its unacknowledged messages go to another local member, or, if none is left,
-stay uncommitted for the next owner of the partition.
+member, QoS 1/2 once the member acknowledged (PUBACK, PUBCOMP), or denied as above.  Per
+partition the committed offset is the lowest offset still outstanding, so a node that leaves or
+dies hands its partitions to another member node, which resumes from there: nothing is lost, and
+a message whose ack was pending may be delivered again (at-least-once across a failure, as Kafka
+groups give).
 """
 
 from __future__ import annotations
@@ -25,21 +60,31 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_END, OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 
 from frontend.mqtt import topics
+from frontend.mqtt.session import Session
+from router.partitioner import Router
 from router.record import Record
 
 log = logging.getLogger("headwater.shared")
 
 COMMIT_INTERVAL = 0.5
 
+DEFAULT_MAX_SHARE_GROUPS = 32
+"""Share groups with members on one node, at most (``--max-share-groups``): a consumer each."""
+DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT = 8
+"""``$share`` filters one client holds, at most (``--max-share-groups-per-client``)."""
+
 
 def group_id(group: str, topic_filter: str) -> str:
-    return f"headwater.share.{group}.{topic_filter}"
+    """The Kafka group id of ``$share/<group>/<filter>``: injective, the share name's length
+    first (a share name may hold dots and colons, a filter dots and slashes)."""
+    return f"headwater.share.{len(group)}:{group}.{topic_filter}"
 
 
 def consumer_config() -> dict[str, Any]:
@@ -124,7 +169,8 @@ class ShareGroup:
         self._turn = 0
         self._consumer = consumer
         self._topic = topic
-        self._wanted = wanted
+        self.wanted = wanted
+        """Partitions the filter can match (the others are paused when assigned)."""
         self._deliver = deliver
         self._offsets = _Offsets()
         self._next_commit = 0.0
@@ -132,16 +178,22 @@ class ShareGroup:
         """High watermarks read when this node joined, for partitions never committed."""
         self.assigned: set[int] = set()
         """Partitions Kafka gave this node in the group (paused ones included)."""
+        self.ready: asyncio.Task[None] | None = None
+        """Reading the start offsets and subscribing (:meth:`ShareGroups.start`), once."""
+        self._stopped = False
 
     # -- members ------------------------------------------------------------------------------
 
-    def next_member(self, skip: str | None = None) -> str | None:
-        """The member whose turn it is (round-robin), other than ``skip`` if possible."""
-        names = [m for m in self.members if m != skip] or list(self.members)
-        if not names:
-            return None
-        self._turn = (self._turn + 1) % len(names)
-        return names[self._turn]
+    def pick(self, may_read: Callable[[str], bool], skip: str | None = None) -> str | None:
+        """The member whose turn it is (round-robin) among those that ``may_read`` the record,
+        ``skip`` only if no other may; None if none may."""
+        names = [m for m in self.members if m != skip]
+        for step in range(1, len(names) + 1):
+            turn = (self._turn + step) % len(names)
+            if may_read(names[turn]):
+                self._turn = turn
+                return names[turn]
+        return skip if skip in self.members and may_read(skip) else None
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -153,7 +205,10 @@ class ShareGroup:
         self._next_commit = time.monotonic() + COMMIT_INTERVAL
 
     async def stop(self) -> None:
-        """Leave the group (its partitions move to other member nodes)."""
+        """Leave the group (its partitions move to other member nodes); once."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._commit_now(self._consumer)
         await asyncio.get_running_loop().run_in_executor(None, self._consumer.close)
 
@@ -163,7 +218,7 @@ class ShareGroup:
         """Take partitions at the group's committed offsets; where the group has none yet, at
         the high watermark read when this node's share began (never a lazy "latest", which
         would skip what is published between the SUBACK and the first fetch)."""
-        unwanted = [tp for tp in partitions if tp.partition not in self._wanted]
+        unwanted = [tp for tp in partitions if tp.partition not in self.wanted]
         committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=10)}
         for tp in partitions:
             if committed.get(tp.partition, OFFSET_INVALID) < 0:
@@ -221,3 +276,148 @@ class ShareGroup:
             with contextlib.suppress(KafkaException):
                 consumer.commit(offsets=offsets, asynchronous=False)
                 self._offsets.committed(due)
+
+
+@dataclass(slots=True, frozen=True)
+class ShareLimits:
+    """The bounds of :class:`ShareGroups` (``--max-share-groups``, ``--max-share-groups-per-
+    client``); 0 refuses every ``$share`` filter."""
+
+    per_node: int = DEFAULT_MAX_SHARE_GROUPS
+    per_client: int = DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT
+
+
+class _Named(Protocol):
+    @property
+    def topic(self) -> str: ...
+
+
+class GroupReader(Protocol):
+    """The node's one reader (``router.reader.LogReader``), as share groups use it."""
+
+    def join(self, group: ShareGroup) -> None: ...
+
+    def forget(self, group: ShareGroup) -> None: ...
+
+
+class GroupLog(Protocol):
+    """The node's log (``router.log.KafkaLog``), as share groups use it."""
+
+    @property
+    def settings(self) -> _Named: ...
+
+    @property
+    def reader(self) -> GroupReader: ...
+
+    def consumer(self, group_id: str, **config: Any) -> Consumer: ...
+
+    async def high_watermarks(self, partitions: Iterable[int]) -> dict[int, int]: ...
+
+
+class ShareGroups:
+    """This node's share groups and their members, within :class:`ShareLimits`.
+
+    Invariants: ``groups`` never holds more than ``limits.per_node`` groups, each with at least
+    one member; a member of a group holds the group's ``$share`` filter in its session, and no
+    session holds more than ``limits.per_client`` of them through :meth:`join`.  Joining is
+    synchronous (the bounds are checked and taken in one step of the event loop); starting a
+    new group's consumer is awaited once by everyone who joined it meanwhile."""
+
+    def __init__(
+        self,
+        log_: GroupLog,
+        router: Router,
+        limits: ShareLimits,
+        deliver: Callable[[ShareGroup, Record], None],
+    ) -> None:
+        self.limits = limits
+        self.groups: dict[tuple[str, str], ShareGroup] = {}
+        self.refused = 0
+        """``$share`` filters refused (SUBACK 0x80) or not served here for the bounds."""
+        self.denied = 0
+        """Records no local member of their group may read: finished unread."""
+        self._log = log_
+        self._router = router
+        self._deliver = deliver
+        self._warned: set[str] = set()
+
+    def admit(self, session: Session, requests: list[tuple[str, int]]) -> set[str]:
+        """Join ``session`` to the groups of the ``$share`` filters of ``requests`` the bounds
+        allow (held by the session from now on); the filters refused."""
+        refused: set[str] = set()
+        for topic_filter, qos in requests:
+            shared = topics.parse_shared(topic_filter)
+            if shared is not None and self.join(session, topic_filter, shared, qos) is None:
+                refused.add(topic_filter)
+        return refused
+
+    def join(
+        self, session: Session, topic_filter: str, shared: tuple[str, str], qos: int
+    ) -> ShareGroup | None:
+        """``session`` in the group of ``shared`` (opened if new), or None if a bound refuses
+        it (counted; the session is left as it was)."""
+        group = self.groups.get(shared)
+        if group is None or session.client_id not in group.members:
+            bound = self._bound_reached(session, topic_filter, new=group is None)
+            if bound is not None:
+                self._refuse(bound, session.client_id)
+                return None
+            group = group or self._open(shared)
+        group.members[session.client_id] = qos
+        session.subscriptions[topic_filter] = qos
+        return group
+
+    def _bound_reached(self, session: Session, topic_filter: str, new: bool) -> str | None:
+        held = sum(
+            1 for f in session.subscriptions if f != topic_filter and f.startswith("$share/")
+        )
+        if held >= self.limits.per_client:
+            return "--max-share-groups-per-client"
+        if new and len(self.groups) >= self.limits.per_node:
+            return "--max-share-groups"
+        return None
+
+    def _refuse(self, bound: str, client_id: str) -> None:
+        self.refused += 1
+        if bound not in self._warned:  # once per bound: the counter tells the rest
+            self._warned.add(bound)
+            log.warning("share group refused to client %r: %s reached", client_id, bound)
+
+    def _open(self, shared: tuple[str, str]) -> ShareGroup:
+        wanted = self._router.partitions_for_filter(shared[1])
+        consumer = self._log.consumer(group_id(*shared), **consumer_config())
+        topic = self._log.settings.topic
+        group = ShareGroup(consumer, topic, *shared, wanted, self._deliver)
+        self.groups[shared] = group
+        return group
+
+    async def start(self, group: ShareGroup) -> None:
+        """Until ``group`` reads: its start offsets taken and its consumer subscribed."""
+        if group.ready is None:
+            group.ready = asyncio.get_running_loop().create_task(self._start(group))
+        await asyncio.shield(group.ready)
+
+    async def _start(self, group: ShareGroup) -> None:
+        key = (group.group, group.filter)
+        try:
+            starts = await self._log.high_watermarks(group.wanted)
+        except BaseException:
+            if self.groups.get(key) is group:  # a later SUBSCRIBE opens it afresh
+                del self.groups[key]
+                self._log.reader.forget(group)
+            raise
+        if self.groups.get(key) is group:  # not left by every member meanwhile
+            group.start(starts)
+            self._log.reader.join(group)
+
+    def leave(self, shared: tuple[str, str], client_id: str) -> None:
+        """``client_id`` is no member any more; the group's last member closes its consumer."""
+        group = self.groups.get(shared)
+        if group is None or group.members.pop(client_id, None) is None:
+            return
+        if not group.members:
+            del self.groups[shared]
+            self._log.reader.forget(group)
+
+    def names(self) -> list[str]:
+        return [f"$share/{g}/{f}" for g, f in self.groups]

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from frontend.mqtt import topics
-from frontend.mqtt.codec import encode
+from frontend.mqtt.codec import Wire, encode
 from frontend.mqtt.errors import ConnectRefused, ProtocolError
 from frontend.mqtt.message import Message, MessageStamps
 from frontend.mqtt.packets import (
@@ -60,7 +60,7 @@ from frontend.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from frontend.mqtt.session import Session
+from frontend.mqtt.session import DEFAULT_MAX_QUEUED_BYTES, Session
 
 
 class State(enum.Enum):
@@ -75,9 +75,9 @@ class State(enum.Enum):
 
 @dataclass(slots=True)
 class Send:
-    """Write these bytes to the client."""
+    """Write these bytes to the client (a large PUBLISH in two chunks, ``codec.Wire``)."""
 
-    data: bytes
+    data: Wire
 
 
 @dataclass(slots=True)
@@ -116,6 +116,19 @@ class AddSubscriptions:
     return_codes: tuple[int, ...]
     over_limit: int = 0
     """Filters refused because the session holds ``Limits.max_subscriptions`` already."""
+
+    def refusing(self, refused: Collection[str]) -> AddSubscriptions:
+        """This request with the ``refused`` granted filters answered 0x80 instead (a bound
+        of the node's, such as its share groups')."""
+        if not refused:
+            return self
+        kept = iter(self.granted)  # granted filters are the non-0x80 codes, in order
+        codes = tuple(
+            SUBACK_FAILURE if code != SUBACK_FAILURE and next(kept)[0] in refused else code
+            for code in self.return_codes
+        )
+        granted = [(f, qos) for f, qos in self.granted if f not in refused]
+        return replace(self, granted=granted, return_codes=codes)
 
 
 @dataclass(slots=True)
@@ -170,11 +183,27 @@ class Limits:
 
     max_inflight: int = 32
     max_queued: int = 1000
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
+    """Payload and topic bytes a client's queue takes messages up to (one more message may
+    cross it): beyond, as beyond ``max_queued``, QoS 1/2 messages are read back from the log
+    when the queue has room again and QoS 0 ones are dropped (counted).  Mosquitto's
+    ``max_queued_bytes`` has no bound by default, so 1,000 queued messages of a 16 MB
+    maximum packet may hold 16 GB for one slow client.  16 MiB holds a thousand messages of the
+    sizes a fleet sends (16 KB each) and still one message of the largest size the node accepts
+    (``--max-packet-size``, just under 16 MiB), so no client is ever starved by the bound, while
+    a client that does not read holds at most about 32 MiB of queue, and nothing is lost:
+    the log is the queue."""
     max_client_id_length: int = 65535
     max_pending_publishes: int = 1000
     """PUBLISH packets awaiting the log before the connection stops reading."""
-    max_subscriptions: int = 0
-    """Topic filters one session may hold; a SUBSCRIBE beyond is refused (0x80); 0: no bound."""
+    max_subscriptions: int = 1000
+    """Topic filters one session may hold; a SUBSCRIBE beyond is refused (0x80); 0: no bound.
+
+    Mosquitto and EMQX have no bound by default (EMQX's ``max_subscriptions = infinity``), AWS
+    IoT Core allows 50 per connection.  A device holds a handful and an application a few
+    wildcards, so 1,000 refuses no real client, while it caps what one client can make a node
+    hold: each filter costs its trie path (up to 200 levels, a node and a dict each) and its
+    entry in the session, and ``bench --scenarios scale`` shows the cost per filter."""
 
 
 def will_message(will: Will, client_id: str, stamps: MessageStamps) -> Message:
@@ -265,6 +294,7 @@ class Channel:
     # -- CONNECT ------------------------------------------------------------------------------
 
     def _on_connect(self, connect: Connect) -> list[Action]:
+        _check_will_topic(connect.will)
         client_id = connect.client_id
         if not client_id and connect.protocol_level == 3:
             raise ConnectRefused(
@@ -299,7 +329,7 @@ class Channel:
             return []
         assert self.connect is not None
         self.session = session
-        self.permissions = permissions
+        self.permissions = session.permissions = permissions  # read rules asked at each send
         self._will, self.connect = self.connect.will, None  # what else it said is not kept
         self.state = State.CONNECTED
         connack = Send(encode(Connack(present, ConnackCode.ACCEPTED)))
@@ -433,6 +463,12 @@ class Channel:
         self._replies = None
 
 
+def _check_will_topic(will: Will | None) -> None:
+    """A will topic's levels (``topics.MAX_TOPIC_LEVELS``): the decoder checked the rest."""
+    if will is not None:
+        topics.validate_topic_name(will.topic)
+
+
 def _grant(
     subscribe: Subscribe, session: Session, limits: Limits, permissions: Permissions
 ) -> AddSubscriptions:
@@ -446,7 +482,9 @@ def _grant(
     codes: list[int] = []
     over = 0
     for topic_filter, qos in subscribe.topics:
-        if not topics.is_valid_filter(topic_filter) or not permissions.may_subscribe(topic_filter):
+        if not topics.is_valid_filter(topic_filter) or not permissions.may_subscribe(
+            _judged(topic_filter)
+        ):
             codes.append(SUBACK_FAILURE)
             continue
         if room is not None and topic_filter not in held and topic_filter not in added:
@@ -458,6 +496,12 @@ def _grant(
         granted.append((topic_filter, qos))
         codes.append(qos)
     return AddSubscriptions(subscribe.packet_id, granted, tuple(codes), over)
+
+
+def _judged(topic_filter: str) -> str:
+    """The filter the ACL judges: the one inside ``$share/<name>/``, as Mosquitto does."""
+    shared = topics.parse_shared(topic_filter)
+    return topic_filter if shared is None else shared[1]
 
 
 _HANDLERS: dict[type, Callable[[Channel, Any], list[Action]]] = {

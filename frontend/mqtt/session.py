@@ -13,9 +13,16 @@ A session outlives connections when the client connected with cleanSession=0.  I
   not arrived, so a DUP resend is acknowledged again but never published twice [MQTT-4.3.3-2].
 
 Invariants: at most ``max_inflight`` messages are in flight; a packet id is in ``inflight`` at most
-once and never 0; ``queue`` holds at most ``max_queued`` messages, and when full a QoS 0 message is
-dropped before any QoS 1/2 one (``dropped`` counts every message lost that way).  Packet ids are
-allocated from 1 upwards in a new session and skip those still in use [MQTT-2.3.1-2].
+once and never 0; ``queue`` holds at most ``max_queued`` messages, and takes one more only while
+the bytes it holds (payload and topic, ``queued_bytes``) are under ``max_queued_bytes`` (so at most
+that bound plus one message); when full a QoS 0 message is dropped before any QoS 1/2 one
+(``dropped`` counts every message lost that way).  Packet ids are allocated from 1 upwards in a
+new session and skip those still in use [MQTT-2.3.1-2].
+
+Every PUBLISH leaves through ``permissions.may_read`` at the moment its bytes are made: taken
+live, drained from the queue, or resent after a reconnect.  A message the rules refuse then is
+never sent and leaves the session as if the client had acknowledged it (``done``), so rules
+changed while it waited (a reload) apply to it.  A PUBREL is no message and is always resent.
 """
 
 from __future__ import annotations
@@ -24,12 +31,29 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from typing import Protocol
 
-from frontend.mqtt.codec import PublishTemplate, encode
+from frontend.mqtt.codec import PublishTemplate, Wire, encode
 from frontend.mqtt.message import Message
 from frontend.mqtt.packets import Pubrel
 
 MAX_PACKET_ID = 65535
+DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
+"""Bytes (payload and topic) a session's queue takes messages up to: see ``Limits``."""
+
+
+class ReadPermission(Protocol):
+    """Whether the client may be sent a message on ``topic`` now (``frontend.auth.Access``)."""
+
+    def may_read(self, topic: str) -> bool: ...
+
+
+class _ReadAnything:
+    def may_read(self, topic: str) -> bool:
+        return True
+
+
+READ_ANYTHING = _ReadAnything()
 
 _NO_IDS: frozenset[int] = frozenset()
 
@@ -57,14 +81,14 @@ class Outbound:
             on_done, self.on_done = self.on_done, None
             on_done()
 
-    def first_send(self) -> bytes:
-        return self.template.to_bytes(self.packet_id or None, False, self.retain)
+    def first_send(self) -> Wire:
+        return self.template.to_wire(self.packet_id or None, False, self.retain)
 
-    def resend(self) -> bytes:
+    def resend(self) -> Wire:
         """The packet that resumes this message's flow after a reconnect [MQTT-4.4.0-1]."""
         if self.released:
             return encode(Pubrel(self.packet_id))
-        return self.template.to_bytes(self.packet_id, True, self.retain)
+        return self.template.to_wire(self.packet_id, True, self.retain)
 
 
 @dataclass(slots=True)
@@ -119,16 +143,27 @@ class Session:
         "inflight",
         "max_inflight",
         "max_queued",
+        "max_queued_bytes",
+        "permissions",
+        "queued_bytes",
         "subscriptions",
     )
 
     def __init__(
-        self, client_id: str, clean: bool, max_inflight: int = 32, max_queued: int = 1000
+        self,
+        client_id: str,
+        clean: bool,
+        max_inflight: int = 32,
+        max_queued: int = 1000,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
     ) -> None:
         self.client_id = client_id
         self.clean = clean
         self.max_inflight = max_inflight
         self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
+        self.queued_bytes = 0
+        self.permissions: ReadPermission = READ_ANYTHING  # the channel's (``session_opened``)
         self.subscriptions: dict[str, int] = {}
         self.inflight: dict[int, Outbound] = {}
         self._queue: deque[Outbound] | None = None
@@ -149,12 +184,15 @@ class Session:
         """Messages waiting, oldest first."""
         return self._queue or ()
 
-    def deliver(self, out: Outbound, online: bool, writable: bool = True) -> bytes | None:
-        """Take a message for the client: the bytes to send now, or None if it was queued.
+    def deliver(self, out: Outbound, online: bool, writable: bool = True) -> Wire | None:
+        """Take a message for the client: the bytes to send now, or None (queued, or refused).
 
         ``online`` false: the client is away (QoS 0 is dropped, QoS 1/2 queued).  ``writable``
         false: it is connected but its socket is backed up, so the message waits in the queue,
         where the bound evicts QoS 0 first."""
+        if not self.permissions.may_read(out.message.topic):
+            _refuse(out)
+            return None
         if not online:
             if out.qos > 0:
                 self._enqueue(out)
@@ -174,20 +212,21 @@ class Session:
     def has_room(self) -> bool:
         """True while a message from the log can be taken without the bound dropping one."""
         if self._queue:
-            return len(self._queue) < max(self.max_queued, 1)
-        return len(self.inflight) < self.max_inflight or self.max_queued > 0
+            room = len(self._queue) < max(self.max_queued, 1)
+            return room and self.queued_bytes < self.max_queued_bytes
+        return len(self.inflight) < self.max_inflight or self.max_queued > 0  # bytes bound >= 1
 
     def half_empty(self) -> bool:
-        """True once a full queue has drained to half: when a refused sender may come back."""
-        return not self._queue or len(self._queue) <= self.max_queued // 2
+        """True once a full queue has drained to half of both bounds: when a refused sender may
+        come back."""
+        half = self.queued_bytes <= self.max_queued_bytes // 2
+        return not self._queue or (half and len(self._queue) <= self.max_queued // 2)
 
-    def puback(self, packet_id: int) -> list[bytes]:
+    def puback(self, packet_id: int) -> list[Wire]:
         """A PUBACK from the client completes a QoS 1 flow; frees a slot for queued messages."""
         out = self.inflight.get(packet_id)
         if out is not None and out.qos == 1:
-            del self.inflight[packet_id]
-            self.changes += 1
-            out.done()
+            self._complete(out)
         return self.drain()
 
     def pubrec(self, packet_id: int) -> bytes:
@@ -198,34 +237,52 @@ class Session:
             self.changes += 1
         return encode(Pubrel(packet_id))
 
-    def pubcomp(self, packet_id: int) -> list[bytes]:
+    def pubcomp(self, packet_id: int) -> list[Wire]:
         out = self.inflight.get(packet_id)
         if out is not None and out.qos == 2 and out.released:
-            del self.inflight[packet_id]
-            self.changes += 1
-            out.done()
+            self._complete(out)
         return self.drain()
 
-    def drain(self) -> list[bytes]:
-        """Send queued messages while the in-flight window has room."""
-        sent: list[bytes] = []
+    def _complete(self, out: Outbound) -> None:
+        del self.inflight[out.packet_id]
+        self.changes += 1
+        out.done()
+
+    def drain(self) -> list[Wire]:
+        """Send queued messages while the in-flight window has room; those the read rules
+        refuse now are done, not sent."""
+        sent: list[Wire] = []
         queue = self._queue
         while queue:
             head = queue[0]
             if head.qos > 0 and len(self.inflight) >= self.max_inflight:
                 break
             queue.popleft()
-            if head.qos == 0:
-                self._queued_qos0 -= 1
+            self.queued_bytes -= _size(head)
+            self._queued_qos0 -= head.qos == 0
+            if not self.permissions.may_read(head.message.topic):
+                _refuse(head)
+            elif head.qos > 0:
+                sent.append(self._send_inflight(head))
+            else:
                 head.done()
-            sent.append(self._send_inflight(head) if head.qos > 0 else head.first_send())
+                sent.append(head.first_send())
         return sent
 
-    def resume(self) -> list[bytes]:
-        """What a resumed session sends first: every in-flight message again, DUP=1, in order."""
-        return [out.resend() for out in self.inflight.values()] + self.drain()
+    def resume(self) -> list[Wire]:
+        """What a resumed session sends first: every in-flight message again, DUP=1, in order
+        (those the read rules refuse now are done instead), then the queue."""
+        sent: list[Wire] = []
+        for out in list(self.inflight.values()):
+            if out.released or self.permissions.may_read(out.message.topic):
+                sent.append(out.resend())
+            else:
+                del self.inflight[out.packet_id]
+                self.changes += 1
+                _refuse(out)
+        return sent + self.drain()
 
-    def _send_inflight(self, out: Outbound) -> bytes:
+    def _send_inflight(self, out: Outbound) -> Wire:
         out.packet_id = self._allocate_id()
         self.inflight[out.packet_id] = out
         self.changes += 1
@@ -234,11 +291,13 @@ class Session:
     def _enqueue(self, out: Outbound) -> None:
         if self._queue is None:
             self._queue = deque()
-        if len(self._queue) >= self.max_queued and not self._evict_qos0():
-            self.dropped += 1
-            out.done()
-            return
+        while len(self._queue) >= self.max_queued or self.queued_bytes >= self.max_queued_bytes:
+            if not self._evict_qos0():
+                self.dropped += 1
+                out.done()
+                return
         self._queue.append(out)
+        self.queued_bytes += _size(out)
         self._queued_qos0 += out.qos == 0
 
     def _evict_qos0(self) -> bool:
@@ -249,6 +308,7 @@ class Session:
             if queued.qos == 0:
                 del self._queue[i]
                 self._queued_qos0 -= 1
+                self.queued_bytes -= _size(queued)
                 self.dropped += 1
                 queued.done()
                 return True
@@ -320,3 +380,18 @@ class Session:
     def release_qos2(self, packet_id: int) -> None:
         if isinstance(self.awaiting_rel, set):
             self.awaiting_rel.discard(packet_id)
+
+
+def _size(out: Outbound) -> int:
+    """What a queued message counts against ``max_queued_bytes``: its payload and topic (the
+    topic's characters, its bytes for the ASCII topics of a fleet)."""
+    return len(out.message.payload) + len(out.message.topic)
+
+
+def _refuse(out: Outbound) -> None:
+    """A message the read rules refuse at the moment it would be sent (the rules count it): a
+    shared one goes to another member of its group, any other is as good as delivered."""
+    if out.redeliver is not None:
+        out.redeliver()
+    else:
+        out.done()

@@ -3,8 +3,8 @@
 A topic is a sequence of levels separated by ``/``; an empty level is a level too, so ``/a``
 has the two levels ``""`` and ``"a"``.  Invariants this module enforces:
 
-* a topic name (PUBLISH) is non-empty, has no ``+`` or ``#``, no U+0000, and encodes to at most
-  65535 UTF-8 bytes;
+* a topic name (PUBLISH) is non-empty, has no ``+`` or ``#``, no U+0000, encodes to at most
+  65535 UTF-8 bytes and has at most :data:`MAX_TOPIC_LEVELS` levels;
 * a topic filter (SUBSCRIBE, UNSUBSCRIBE) obeys the same rules except that ``+`` may occupy a
   whole level and ``#`` may occupy only the last level;
 * a filter whose first level is a wildcard never matches a topic starting with ``$``
@@ -23,6 +23,14 @@ from __future__ import annotations
 from frontend.mqtt.errors import MalformedPacket
 
 MAX_TOPIC_BYTES = 65535
+MAX_TOPIC_LEVELS = 200
+"""Levels a topic name or (plain, or the filter inside ``$share/<group>/``) filter may have.
+
+Mosquitto's limit (``TOPIC_HIERARCHY_LIMIT``), and a constant like it, not a setting: it guards
+the node, not a policy.  Each level of a filter is a node and a dict in the subscription trie
+(``router.index``), so without it one SUBSCRIBE of 65535-byte filters holds megabytes; no real
+hierarchy comes near (Sparkplug uses 5 levels, AWS IoT allows 8).  A level count is the number
+of ``/`` plus one, counted without splitting, before any other work on the string."""
 SHARE_PREFIX = "$share/"
 _WILDCARDS = ("+", "#")
 # A code point encodes to at most 4 UTF-8 bytes: shorter strings need no encoding to check.
@@ -34,6 +42,7 @@ def validate_topic_name(name: str) -> None:
     _check_string(name)
     if "+" in name or "#" in name:
         raise MalformedPacket("MQTT-3.3.2-2", "topic name must not contain wildcards")
+    _check_levels(name)
 
 
 def is_valid_filter(filter: str) -> bool:
@@ -93,7 +102,15 @@ def _utf8_length(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
+def _check_levels(text: str) -> None:
+    if text.count("/") >= MAX_TOPIC_LEVELS:
+        raise MalformedPacket(
+            "MQTT-4.7.1", f"more than {MAX_TOPIC_LEVELS} topic levels (Mosquitto's limit too)"
+        )
+
+
 def _check_wildcards(filter: str) -> None:
+    _check_levels(filter)  # before the split: a 65535-byte filter can have 32768 levels
     levels = filter.split("/")
     last = len(levels) - 1
     for i, level in enumerate(levels):

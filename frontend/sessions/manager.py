@@ -3,13 +3,16 @@
 A session's life: **admit** (at most ``OPENING_AT_ONCE`` sessions are acquired at once; a storm
 of CONNECTs waits its turn), **acquire** (own the client id's session in the store, taking it
 over from its current connection on this node or another [MQTT-3.1.4-2]; a previous connection
-that died with its node has its will published first [MQTT-3.1.2-8]), **restore** (the stored
-in-flight window and QoS 2 state), **resume** (subscribe again and catch up from the log from the
-stored positions, see ``router.backlog``), **save** (what changed, in batches, and the node's
-checkpoint: ``frontend.sessions.saver``), and **release** (store what lasts, or forget a clean
-session) when the connection ends.  Wills are in ``frontend.sessions.wills``.
+that died with its node has its will published first [MQTT-3.1.2-8]; a session belonging to
+another identity is refused, :class:`NotOwnerError`, its connection and state untouched),
+**restore** (the stored in-flight window and QoS 2 state), **resume** (subscribe again and catch
+up from the log from the stored positions, see ``router.backlog``), **save** (what changed, in
+batches, and the node's checkpoint: ``frontend.sessions.saver``), and **release** (store what
+lasts, or forget a clean session) when the connection ends.  Wills are in
+``frontend.sessions.wills``.
 
 Invariants: a session is owned by at most one connection in the cluster, fenced by its lease;
+a session is only ever acquired under the identity that made it (``frontend.sessions.store``);
 every write to the store carries the lease; until a returning session's subscriptions are
 registered again, what is saved for it is the stored positions it resumed from.
 """
@@ -33,8 +36,8 @@ from frontend.outages import in_background
 from frontend.retained import RetainedStore
 from frontend.sessions.saver import Holder, Owned, Saver
 
-__all__ = ["Holder", "Owned", "SessionManager"]
-from frontend.sessions.store import Busy, Lease, SessionStore
+__all__ = ["Holder", "NotOwnerError", "Owned", "SessionManager"]
+from frontend.sessions.store import Busy, Lease, NotOwner, SessionStore
 from frontend.sessions.wills import Wills
 from router import record
 from router.dispatch import Dispatcher
@@ -43,6 +46,10 @@ from router.log import KafkaLog
 log = logging.getLogger("headwater.sessions")
 
 T = TypeVar("T")
+Taken = tuple[Lease, StoredSession | None]
+"""An acquired session: its lease and what was stored of it."""
+Gone = Callable[[], bool]
+"""Whether the connection went away (while its session was being opened)."""
 
 OPENING_AT_ONCE = 1024
 """Sessions asked of the store at once; a storm of CONNECTs beyond waits its turn, in order.
@@ -58,6 +65,11 @@ OPENING_WAIT = 120.0
 longer than a storm takes to drain (15,000 reconnects on 3 nodes of this 2-core machine took
 9-22 s in ``bench.scale``), since a busy node answers later rather than refusing; a Redis that
 fails answers sooner, through its own timeouts."""
+
+
+class NotOwnerError(Exception):
+    """The client id's session belongs to another identity: the CONNECT is refused
+    (CONNACK 5) and the session left as it is."""
 
 
 class SessionManager:
@@ -88,8 +100,8 @@ class SessionManager:
         self.opening_waited = 0
         """Store requests of CONNECTs that waited for their turn (admission control)."""
         self.live = [0, 0]  # sessions served here now: [clean, persistent]
-        self.resumed = self.takeovers = self.takeovers_forced = 0
-        """CONNECTs with a stored session; sessions taken from a connection, and by force."""
+        self.resumed = self.takeovers = self.takeovers_forced = self.takeovers_refused = 0
+        """CONNECTs with a stored session; takeovers, by force, refused (another identity)."""
         self.saver = Saver(self.node_id, store, dispatcher)
 
     def join_cluster(
@@ -110,27 +122,22 @@ class SessionManager:
     # -- acquire and restore --------------------------------------------------------------------
 
     async def acquire(
-        self, client_id: str, clean: bool, will: Message | None
-    ) -> tuple[Lease, StoredSession | None]:
-        """Own ``client_id``'s session and read what was stored of it; store errors raise.
-        ``will`` is kept with the session, in case this node dies with the connection open."""
+        self, client_id: str, clean: bool, will: Message | None, identity: str = ""
+    ) -> Taken:
+        """Own ``client_id``'s session as ``identity``, and read what was stored; store errors and
+        :class:`NotOwnerError` raise.  ``will`` is kept in case the node dies with the client."""
         self._acquiring[client_id] = self._acquiring.get(client_id, 0) + 1
         try:
-            return await self._acquire_and_read(client_id, clean, will)
+            lease, stored = await self._acquire(client_id, clean, identity)
+            if will is not None:
+                await self.store.keep_will(lease, record.encode(will))
+            if stored is not None and stored.live_on:
+                await self.saver.catch_up_with_checkpoint(stored)
+            return lease, stored
         finally:
             self._acquiring[client_id] -= 1
             if not self._acquiring[client_id]:
                 del self._acquiring[client_id]
-
-    async def _acquire_and_read(
-        self, client_id: str, clean: bool, will: Message | None
-    ) -> tuple[Lease, StoredSession | None]:
-        lease, stored = await self._acquire(client_id, clean)
-        if will is not None:
-            await self.store.keep_will(lease, record.encode(will))
-        if stored is not None and stored.live_on:
-            await self.saver.catch_up_with_checkpoint(stored)
-        return lease, stored
 
     def attach(
         self, lease: Lease, stored: StoredSession | None, clean: bool, holder: Holder
@@ -138,7 +145,9 @@ class SessionManager:
         """The acquired session, restored, served by ``holder`` from now on; call
         :meth:`resume` next if ``stored`` has subscriptions."""
         limits = self.limits
-        session = Session(lease.client_id, clean, limits.max_inflight, limits.max_queued)
+        session = Session(
+            lease.client_id, clean, limits.max_inflight, limits.max_queued, limits.max_queued_bytes
+        )
         if stored is not None:
             session.restore_inflight(stored, [_restore(o) for o in stored.inflight])
         owned = Owned(lease, session, holder)
@@ -148,18 +157,16 @@ class SessionManager:
         return owned
 
     async def open(
-        self, client_id: str, connect: Connect, holder: Holder, gone: Callable[[], bool]
+        self, client_id: str, connect: Connect, holder: Holder, gone: Gone, identity: str
     ) -> tuple[Owned, bool] | None:
-        """A CONNECT: acquire the session, restore it, and start catching it up from the log
-        once the caller has answered (a task: it starts after the CONNACK is written).  The
-        session and whether one was stored; None if the connection went away meanwhile (``gone``
-        says), keeping what was stored.  Store errors raise."""
-        will = None
-        if connect.will is not None:
-            will = will_message(connect.will, client_id, self.stamps)
+        """A CONNECT by ``identity``: acquire the session, restore it, and catch it up from the
+        log once the caller has answered (a task, after the CONNACK).  The session and whether
+        one was stored; None if the connection went away meanwhile (``gone`` says), keeping
+        what was stored.  Store errors raise, and :class:`NotOwnerError`."""
+        will = will_message(connect.will, client_id, self.stamps) if connect.will else None
         asked = False
         try:
-            lease, stored = await self.acquire(client_id, connect.clean_session, will)
+            lease, stored = await self.acquire(client_id, connect.clean_session, will, identity)
         finally:
             if client_id not in self._acquiring and client_id in self._asked_to_let_go:
                 self._asked_to_let_go.discard(client_id)
@@ -198,15 +205,20 @@ class SessionManager:
         """The connection went away while its session was acquired: let go, keeping ``stored``."""
         self.saver.keep(lease, stored)
 
-    async def _acquire(self, client_id: str, clean: bool) -> tuple[Lease, StoredSession | None]:
+    async def _acquire(self, client_id: str, clean: bool, identity: str) -> Taken:
         deadline = time.monotonic() + FORCE_AFTER
         asked: str | None = None
         """The owner asked to let go; a session that moved on meanwhile is asked for again."""
         force = busy = False
         pause = POLL_FIRST
         while True:
-            ask = functools.partial(self.store.acquire, client_id, self.node_id, clean, force)
+            ask = functools.partial(
+                self.store.acquire, client_id, self.node_id, clean, force, identity
+            )
             answer = await self._admitted(ask)
+            if isinstance(answer, NotOwner):
+                self.takeovers_refused += 1
+                raise NotOwnerError("the session belongs to another identity")
             if not isinstance(answer, Busy):
                 self.takeovers += busy
                 if answer.orphaned_will is not None:
@@ -282,8 +294,9 @@ class SessionManager:
     ) -> None:
         """After the SUBACK: the matching retained messages [MQTT-3.3.1-6], then live."""
         try:
-            found = {f: await self.retained.match(f) for f, _ in granted}
-            self.dispatcher.deliver_retained(owned.session, found, new, starts)
+            filters = [f for f, _ in granted]
+            scan = self.retained.scan
+            await self.dispatcher.deliver_retained(owned.session, filters, new, starts, scan)
         finally:
             self.dispatcher.activate(owned.session, new)
 

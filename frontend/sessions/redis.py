@@ -12,7 +12,8 @@ tags, so all keys of one client, and all keys of one node, sit in one Redis Clus
                                         ``inflight`` JSON (record copies, base64), ``lastid``
                                         last packet id used, ``liveon``/``livesince`` where the
                                         session is live and from which checkpoint, ``will`` the
-                                        open connection's will (a log record), if it has one
+                                        open connection's will (a log record), if it has one,
+                                        ``ident`` the identity the session belongs to
 ``P{cid}:rel``                  set     inbound QoS 2 packet ids awaiting PUBREL
 ``P{cid}:expiry``               string  the expiry marker of a parked session (TTL: the expiry)
 ``P{node}:alive``               string  set with a 5 s expiry while the node runs
@@ -34,6 +35,14 @@ who may write it: the token does that.  An ``alive`` key that reappears between 
 take is the same as one that reappears just after the take, and the old owner's writes are
 refused either way.
 
+The script first checks the session's ``ident``: a session (connected or parked, not expired)
+of another identity is answered "refused" and left as it is, before anything else is looked at,
+so a stranger's CONNECT never takes over, wipes (cleanSession=1) or even delays the owner's
+session.  ``ident`` is written by every acquire that succeeds and kept by everything else (saves,
+release, the dead-node sweep, which parks a session with its ``ident``); it goes with the session's
+keys.  A session stored before ``ident`` existed has none and becomes the next acquirer's (see
+``frontend.sessions.store`` for why).
+
 Every later write (save, release, QoS 2 marks, will) is a script that first checks the caller's
 token and that the session is still connected, so a node that lost ownership, or let go, can
 never write again.  A new token is the larger of the stored one plus one and Redis's clock in
@@ -52,7 +61,9 @@ uncounted.  Nothing is ever found by scanning keys.
 Dead nodes: a node records in ``P{node}:owned`` every session it is acquiring, before the acquire
 (so a crash leaves it findable), and removes it after letting go, only if the entry still holds
 that lease's token (so letting go of an old lease never hides a newer one).  Entries may outlive
-their sessions; never the reverse.  ``sweep_node`` takes a dead node's entries, a batch per round
+their sessions; never the reverse.  An acquire refused for another identity leaves its entry:
+listing wrote ``0`` over whatever was there, maybe the live owner's own entry on this node,
+which must stay findable.  ``sweep_node`` takes a dead node's entries, a batch per round
 trip (the cost falls on a node's death, in proportion to its sessions): per client, a script
 takes the connection's will (for the caller to publish), parks a persistent session (expiring
 from now) or deletes a clean one, and leaves alone a session acquired after the node was found
@@ -77,7 +88,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
 from frontend.mqtt.session import StoredOutbound, StoredSession
-from frontend.sessions.store import DEFAULT_EXPIRY, Acquired, Busy, Lease
+from frontend.sessions.store import DEFAULT_EXPIRY, Acquired, Busy, Lease, NotOwner
 from router.batching import Batch
 
 RedisClient = aioredis.Redis | RedisCluster
@@ -122,16 +133,22 @@ end
 _EXPIRED = "redis.call('PTTL', KEYS[1]) >= 0 and redis.call('EXISTS', KEYS[3]) == 0"
 
 _ACQUIRE = f"""
--- ARGV node, clean, force, the token of an owner found dead ('' if none)
+-- ARGV node, clean, force, the token of an owner found dead ('' if none), identity
+local expired = 0
+if {_EXPIRED} then
+  expired = 1
+end
+local ident = redis.call('HGET', KEYS[1], 'ident')
+if ident and ident ~= ARGV[5] and expired == 0 then
+  return {{'refused'}}
+end
 local connected = redis.call('HGET', KEYS[1], 'connected') == '1'
 local token = redis.call('HGET', KEYS[1], 'token')
 if connected and ARGV[3] ~= '1' and token ~= ARGV[4] then
   return {{'owned', redis.call('HGET', KEYS[1], 'owner'), token}}
 end
-local expired = 0
-if {_EXPIRED} then
+if expired == 1 then
   redis.call('DEL', KEYS[1], KEYS[2])
-  expired = 1
 end
 local orphaned = false
 if connected then
@@ -141,7 +158,8 @@ end
 local now = redis.call('TIME')
 token = string.format('%.0f', math.max(tonumber(token or 0) + 1, now[1] * 1000000 + now[2]))
 redis.call('HDEL', KEYS[1], 'will')
-redis.call('HSET', KEYS[1], 'token', token, 'owner', ARGV[1], 'connected', '1', 'clean', ARGV[2])
+redis.call('HSET', KEYS[1], 'token', token, 'owner', ARGV[1], 'connected', '1', 'clean', ARGV[2],
+           'ident', ARGV[5])
 redis.call('PERSIST', KEYS[1])
 redis.call('PERSIST', KEYS[2])
 redis.call('DEL', KEYS[3])
@@ -419,17 +437,19 @@ class RedisSessionStore:
     # -- the SessionStore interface -----------------------------------------------------------
 
     async def acquire(
-        self, client_id: str, node_id: str, clean: bool, force: bool = False
-    ) -> Acquired | Busy:
+        self, client_id: str, node_id: str, clean: bool, force: bool = False, identity: str = ""
+    ) -> Acquired | Busy | NotOwner:
         keys = self._keys(client_id)
         owned = self._node_key(node_id, "owned")
         await self._listing((owned, client_id))  # findable before it is ours
         dead_owners_token = ""
         while True:
-            args: list[str | int] = [node_id, int(clean), int(force), dead_owners_token]
+            args: list[str | int] = [node_id, int(clean), int(force), dead_owners_token, identity]
             answer = await self._acquiring((keys, args))
             if _text(answer[0]) == "ok":
                 break
+            if _text(answer[0]) == "refused":
+                return NotOwner()  # the listing stays: it may be the owner's own (see above)
             owner = _text(answer[1])
             if owner == node_id or await self.redis.exists(self.alive_key(owner)):
                 return Busy(owner)

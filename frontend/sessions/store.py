@@ -4,6 +4,15 @@ The session manager talks to this interface only; ``frontend.sessions.redis`` is
 backend, and one contract test suite runs against both.  Ownership is a lease fenced by a token
 that only grows: a node that lost a session, or let it go, can never write it again.
 
+A session belongs to the identity that made it (``identity``: the proven user name, or the
+certificate's; "" for anonymous clients, an identity of their own): an ``acquire`` by another
+identity is answered :class:`NotOwner` and changes nothing, whether the session is connected or
+parked, and whatever ``clean`` and ``force`` say.  The identity is kept while the session is (a
+clean session's, until it ends).  A session stored before identities were kept has none: the
+next acquire makes it its own.  This is the upgrade path: after a rolling restart the device
+reconnecting first is, in practice, the one that made the session; "anonymous" instead would
+lock every authenticated client out of its own session until it expired.
+
 Sessions end: a persistent session released and not acquired again within the store's
 ``expiry`` seconds (0: never) is removed with everything kept for it, and counted in
 ``expired``.  In memory, one heap of deadlines and one timer serve the whole store; a deadline
@@ -51,6 +60,11 @@ class Busy:
     owner: str
 
 
+@dataclass(slots=True, frozen=True)
+class NotOwner:
+    """The session belongs to another identity: refused, nothing changed."""
+
+
 class SessionStore(Protocol):
     """Sessions and their ownership.  Every write carries the writer's lease; a write whose
     lease is no longer current (the session was taken over, or let go) is refused, so a node
@@ -60,11 +74,13 @@ class SessionStore(Protocol):
     """Sessions this store removed because they were not resumed within the expiry."""
 
     async def acquire(
-        self, client_id: str, node_id: str, clean: bool, force: bool = False
-    ) -> Acquired | Busy:
+        self, client_id: str, node_id: str, clean: bool, force: bool = False, identity: str = ""
+    ) -> Acquired | Busy | NotOwner:
         """Own the session (a new token), or learn who does.  ``clean`` discards any stored
         state [MQTT-3.1.2-6]; ``force`` takes it from an owner that did not let go.  If the
-        previous connection died with its node, its will comes back to be published."""
+        previous connection died with its node, its will comes back to be published.  A
+        session of another ``identity`` is :class:`NotOwner`, untouched; a new session (or
+        one without an identity) becomes ``identity``'s."""
 
     async def keep_will(self, lease: Lease, will: bytes) -> None:
         """Store the connection's will (a log record), so that another node publishes it if
@@ -110,6 +126,8 @@ class MemorySessionStore:
         self._states: dict[str, StoredSession] = {}
         self._marks: dict[str, set[int]] = {}
         self._owners: dict[str, Lease] = {}
+        self._identities: dict[str, str] = {}
+        """Client id -> the identity its session belongs to, while the session exists."""
         self._tokens = itertools.count(1)
         self._parked: dict[str, float] = {}  # client id -> when it expires (loop time)
         self._deadlines: list[tuple[float, str]] = []
@@ -117,9 +135,11 @@ class MemorySessionStore:
         self._checkpoints: dict[str, tuple[int, dict[int, int]]] = {}
 
     async def acquire(
-        self, client_id: str, node_id: str, clean: bool, force: bool = False
-    ) -> Acquired | Busy:
+        self, client_id: str, node_id: str, clean: bool, force: bool = False, identity: str = ""
+    ) -> Acquired | Busy | NotOwner:
         self._expire_due()
+        if self._identities.get(client_id, identity) != identity:
+            return NotOwner()
         owner = self._owners.get(client_id)
         if owner is not None and not force:
             return Busy(owner.node_id)
@@ -128,6 +148,7 @@ class MemorySessionStore:
         self._parked.pop(client_id, None)
         if clean:
             self._forget(client_id)
+        self._identities[client_id] = identity
         state = self._states.get(client_id)
         if state is not None:
             marks = sorted(self._marks.get(client_id, ()))
@@ -143,6 +164,7 @@ class MemorySessionStore:
     def _forget(self, client_id: str) -> None:
         self._states.pop(client_id, None)
         self._marks.pop(client_id, None)
+        self._identities.pop(client_id, None)
 
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         if not self._current(lease):

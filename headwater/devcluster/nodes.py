@@ -37,6 +37,8 @@ class NodeSecurity:
     """The CA that client certificates, when a client presents one, are verified against."""
     proxy_protocol: bool = False
     """Every listener expects a PROXY protocol header first (HAProxy sends v2)."""
+    proxy_allow: str = f"{LOOPBACK}/32"
+    """Where those headers are believed from: the dev cluster's HAProxy, on loopback."""
     password_file: Path | None = None
     acl_file: Path | None = None
 
@@ -49,7 +51,9 @@ class NodeSecurity:
             ("--acl-file", self.acl_file),
         ]
         args = [arg for flag, path in files if path is not None for arg in (flag, str(path))]
-        return [*args, "--proxy-protocol"] if self.proxy_protocol else args
+        if not self.proxy_protocol:
+            return args
+        return [*args, "--proxy-protocol", "--proxy-allow", self.proxy_allow]
 
 
 @dataclass(frozen=True, slots=True)

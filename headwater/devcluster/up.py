@@ -37,6 +37,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from frontend.auth import anonymous_allowed, anonymous_rule
+from frontend.config import ConfigError, anonymous_setting
 from headwater.certs import DevCerts, ensure_dev_certs
 from headwater.devcluster.nodes import NodeSecurity, NodeSpec, launch_node, node_specs, wait_node
 from headwater.devcluster.state import (
@@ -67,6 +69,8 @@ from headwater.settings import (
 from router.topics import Replication, project_topics
 
 PORT_SETTING = "--port / HEADWATER_PORT"
+ALLOW_ANONYMOUS_ENV = "HEADWATER_ALLOW_ANONYMOUS"
+"""Passed on to every node (``--allow-anonymous``); `dev up` has no flag of its own for it."""
 DEFAULT_TLS_PORT = 8883
 DEFAULT_WS_PORT = 8080
 WS_PATH = "/mqtt"
@@ -142,6 +146,7 @@ class DevCluster:
         self.claim_state_dir()
         check_ports(self.options)
         check_files(self.options)
+        anonymous_line(self.options, self.env)  # an ACL with no way to log in stops here
         self.kafka_brokers = self.local_brokers()
         if self.kafka_brokers:
             self.topic_replication(self.kafka_brokers)  # refuses one the brokers cannot give
@@ -253,6 +258,7 @@ class DevCluster:
             keyfile=certs.server.key if certs else None,
             cafile=certs.cafile if certs else None,
             proxy_protocol=True,
+            proxy_allow=f"{LOOPBACK}/32",  # HAProxy's address: no one else may send the header
             password_file=_absolute(options.password_file),
             acl_file=_absolute(options.acl_file),
         )
@@ -316,6 +322,7 @@ class DevCluster:
         cafile = self.certs.cafile if self.certs is not None else None
         for line in client_examples(self.options, cafile):
             print(line, file=self.out)
+        print(f"headwater: {anonymous_line(self.options, self.env)}", file=self.out)
         print(READY_LINE, file=self.out, flush=True)
 
     def watch(self) -> None:
@@ -362,6 +369,20 @@ def check_files(options: UpOptions) -> None:
     ):
         if path is not None and not path.is_file():
             raise SettingError(f"{flag}: no file {path}")
+
+
+def anonymous_line(options: UpOptions, env: Mapping[str, str]) -> str:
+    """What the nodes let in without credentials (``anonymous clients allowed: no password
+    file``), as each node decides it from the same settings (HEADWATER_ALLOW_ANONYMOUS reaches
+    them through the environment); SettingError for an ACL that no login could select."""
+    password_file = str(options.password_file) if options.password_file else None
+    acl_file = str(options.acl_file) if options.acl_file else None
+    try:
+        setting = anonymous_setting(env.get(ALLOW_ANONYMOUS_ENV), password_file, acl_file, False)
+    except ConfigError as exc:
+        raise SettingError(str(exc)) from None
+    allowed = anonymous_allowed(setting, password_file is not None)
+    return anonymous_rule(allowed, password_file, certificates=False)
 
 
 def client_examples(options: UpOptions, cafile: Path | None) -> list[str]:

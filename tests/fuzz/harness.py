@@ -18,6 +18,8 @@ other exception escapes :func:`run` and is a bug, and so is a failed oracle (an
 
 * decoding: every chunking gives the packets and the first error of decoding the stream whole;
   a fed error is raised again by the next ``feed``; ``decode(encode(p)) == p`` for every packet;
+  so does a server's decoder (one that awaits a CONNECT within :data:`SERVER_BOUNDS`), whose
+  packets are the first of the plain decoder's;
 * the channel: ``handle_error`` ends in ``Close``; nothing follows a ``Close``; a closed channel
   answers nothing; write confirmations are counted as pending until confirmed or closed;
 * the wire: everything sent decodes, as whole canonical packets, into server-to-client packets,
@@ -46,7 +48,15 @@ from frontend.mqtt.channel import (
     Send,
     State,
 )
-from frontend.mqtt.codec import MAX_PACKET_SIZE, Decoder, PublishTemplate, encode
+from frontend.mqtt.codec import (
+    MAX_PACKET_SIZE,
+    ConnectBounds,
+    Decoder,
+    PublishTemplate,
+    Wire,
+    encode,
+    wire_bytes,
+)
 from frontend.mqtt.errors import ProtocolError
 from frontend.mqtt.message import Message, MessageStamps
 from frontend.mqtt.packets import (
@@ -83,6 +93,9 @@ NEVER_CONFIRM = 0x20
 """Control byte: no log write is confirmed while the connection lives."""
 RESTRICTED = 0x40
 """Control byte: the client has :class:`Restricted` permissions."""
+
+SERVER_BOUNDS = ConnectBounds(fields=96, will=32)
+"""A server decoder's CONNECT bounds: small, so that fuzzed CONNECTs cross them."""
 
 SERVER_TO_CLIENT = (Connack, Publish, Puback, Pubrec, Pubrel, Pubcomp, Suback, Unsuback, Pingresp)
 STAMPS = MessageStamps("fuzz-node", lambda: 1_700_000_000_000, bytes(8))
@@ -153,15 +166,28 @@ def run(data: bytes) -> None:
     whole, whole_error = decode_whole(plan)
     assert [p for batch in batches for p in batch] == whole, "chunking changed the packets"
     assert _describe(error) == _describe(whole_error), "chunking changed the error"
+    check_server_decoder(plan, whole)
     _Connection(plan).serve(batches, error)
 
 
 # -- decoding --------------------------------------------------------------------------------
 
 
-def decode_chunked(plan: Plan) -> tuple[list[list[Packet]], ProtocolError | None]:
+def check_server_decoder(plan: Plan, plain: list[Packet]) -> None:
+    """A server's decoder: chunking changes nothing, and it decodes what a plain one does, up
+    to the first packet that is no CONNECT within bounds."""
+    batches, error = decode_chunked(plan, SERVER_BOUNDS)
+    whole, whole_error = decode_whole(plan, SERVER_BOUNDS)
+    assert [p for batch in batches for p in batch] == whole, "chunking changed a server's packets"
+    assert _describe(error) == _describe(whole_error), "chunking changed a server's error"
+    assert whole == plain[: len(whole)], "a server's decoder decoded another packet"
+
+
+def decode_chunked(
+    plan: Plan, first: ConnectBounds | None = None
+) -> tuple[list[list[Packet]], ProtocolError | None]:
     """The packets each chunk completes, and the error that ended the stream (if one did)."""
-    decoder = Decoder(plan.max_packet_size)
+    decoder = Decoder(plan.max_packet_size, first)
     batches: list[list[Packet]] = []
     for chunk in plan.chunks():
         try:
@@ -176,8 +202,10 @@ def decode_chunked(plan: Plan) -> tuple[list[list[Packet]], ProtocolError | None
     return batches, None
 
 
-def decode_whole(plan: Plan) -> tuple[list[Packet], ProtocolError | None]:
-    decoder = Decoder(plan.max_packet_size)
+def decode_whole(
+    plan: Plan, first: ConnectBounds | None = None
+) -> tuple[list[Packet], ProtocolError | None]:
+    decoder = Decoder(plan.max_packet_size, first)
     try:
         packets = decoder.feed(plan.stream)
     except ProtocolError:
@@ -231,7 +259,8 @@ class _Client:
         elif isinstance(packet, Pubrel):
             self.awaited.append(Pubcomp(packet.packet_id))
 
-    def receive(self, data: bytes) -> list[Packet]:
+    def receive(self, wire: Wire) -> list[Packet]:
+        data = wire_bytes(wire)  # a large PUBLISH comes in chunks
         decoder = Decoder()
         try:
             packets = decoder.feed(data)

@@ -122,6 +122,7 @@ def _assert_all_gone(cluster: DevUp, children: list[ProcessIdentity]) -> None:
 def test_dev_up_serves_then_sigint_leaves_nothing(dev_up: DevUp) -> None:
     lines = dev_up.wait_ready()
     assert any(f"127.0.0.1:{dev_up.port}" in line and "MQTT" in line for line in lines)
+    assert "headwater: anonymous clients allowed: no password file" in lines
     assert all(port_accepts(p) for p in (dev_up.port, dev_up.tls_port, dev_up.ws_port))
     children = dev_up.child_identities()
     assert all(child.alive() for child in children)
@@ -249,6 +250,16 @@ def test_a_missing_password_or_acl_file_is_named(
     missing = tmp_path / "nowhere" / "file"
     stderr = _dev_up_fails(cluster_env, tmp_path, extra=[flag, str(missing)])
     assert f"{flag}: no file {missing}" in stderr
+    assert not (tmp_path / "state" / "headwater.json").exists()
+
+
+def test_an_acl_no_login_can_select_is_refused_before_anything_starts(
+    tmp_path: Path, cluster_env: dict[str, str]
+) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("user alice\ntopic readwrite alice/#\n")
+    stderr = _dev_up_fails(cluster_env, tmp_path, extra=["--acl-file", str(acl)])
+    assert "--acl-file" in stderr and "--allow-anonymous yes" in stderr
     assert not (tmp_path / "state" / "headwater.json").exists()
 
 

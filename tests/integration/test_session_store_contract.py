@@ -3,9 +3,10 @@
 
 One suite, parametrized over the backends by the ``store`` fixture, states what the session
 manager may rely on whichever store it is given: ownership by lease, fencing by token, state kept
-across connections, QoS 2 marks, batched saves, node checkpoints.  Liveness is the one input the
-backends take differently: a Redis owner is busy only while its node's ``alive`` key exists,
-which ``make_alive`` sets (a no-op in memory, where every owner is live).
+across connections, QoS 2 marks, batched saves, node checkpoints, and ownership by identity (a
+session, connected or parked, is refused to another identity and left untouched).  Liveness is
+the one input the backends take differently: a Redis owner is busy only while its node's
+``alive`` key exists, which ``make_alive`` sets (a no-op in memory, where every owner is live).
 
 What differs by design is tested apart, on Redis only, below the contract: an owner whose node
 is dead does not hold its session, a will kept there is handed to the next owner, and a dead
@@ -25,7 +26,14 @@ import pytest
 
 from frontend.mqtt.session import StoredOutbound, StoredSession
 from frontend.sessions.redis import RedisSessionStore
-from frontend.sessions.store import Acquired, Busy, Lease, MemorySessionStore, SessionStore
+from frontend.sessions.store import (
+    Acquired,
+    Busy,
+    Lease,
+    MemorySessionStore,
+    NotOwner,
+    SessionStore,
+)
 from tests.integration.conftest import REDIS_KINDS, OpenRedis, keys_under
 
 MakeAlive = Callable[[str], Awaitable[None]]
@@ -350,3 +358,68 @@ async def test_the_marks_not_the_saved_list_say_what_awaits_pubrel(store: Sessio
     await store.release(again.lease, stored(awaiting_rel=(5,)))
     last = await acquired(store, "node-a")
     assert last.state is not None and last.state.awaiting_rel == []
+
+
+# -- a session belongs to its identity: both backends, and Redis's sweep and old sessions ------
+
+
+async def owns(store: SessionStore, node: str, identity: str, clean: bool = False) -> Acquired:
+    answer = await store.acquire(CLIENT, node, clean, identity=identity)
+    assert isinstance(answer, Acquired), f"{identity!r} expected the session, got {answer}"
+    return answer
+
+
+async def test_another_identity_is_refused_a_connected_session_untouched(
+    store: SessionStore, make_alive: MakeAlive
+) -> None:
+    await make_alive("node-a")
+    alice = await owns(store, "node-a", "alice")
+    await saved_with_marks(store, alice.lease, stored())
+    for clean, force in ((False, False), (True, False), (False, True), (True, True)):
+        answer = await store.acquire(CLIENT, "node-b", clean, force, identity="bob")
+        assert answer == NotOwner()
+    assert await store.acquire(CLIENT, "node-b", False, identity="") == NotOwner()  # anonymous
+    assert await store.save(alice.lease, stored())  # her lease is still current
+    assert await store.acquire(CLIENT, "node-b", False, identity="alice") == Busy("node-a")
+
+
+async def test_another_identity_is_refused_a_parked_session_and_the_owner_gets_it_whole(
+    store: SessionStore,
+) -> None:
+    alice = await owns(store, "node-a", "alice")
+    await saved_with_marks(store, alice.lease, stored())
+    await store.release(alice.lease, stored())
+    assert await store.acquire(CLIENT, "node-b", True, identity="bob") == NotOwner()  # no wipe
+    again = await owns(store, "node-b", "alice")
+    assert again.state == stored()
+    assert again.lease.token > alice.lease.token
+
+
+async def test_a_session_that_ended_is_anyones(store: SessionStore) -> None:
+    alice = await owns(store, "node-a", "alice", clean=True)
+    assert await store.acquire(CLIENT, "node-b", True, identity="bob") == NotOwner()
+    await store.release(alice.lease, None)  # a clean session ends with its connection
+    bob = await owns(store, "node-b", "bob")
+    assert await store.acquire(CLIENT, "node-a", False, identity="alice") == NotOwner()
+    await store.release(bob.lease, stored())
+    assert await store.acquire(CLIENT, "node-a", False, identity="alice") == NotOwner()
+
+
+async def test_redis_a_swept_session_keeps_its_owner(redis_store: RedisSessionStore) -> None:
+    alice = await owns(redis_store, "node-a", "alice")  # node-a never heartbeats: dead
+    await saved_with_marks(redis_store, alice.lease, stored())
+    await redis_store.sweep_node("node-a")
+    assert await redis_store.acquire(CLIENT, "node-b", False, identity="bob") == NotOwner()
+    assert (await owns(redis_store, "node-b", "alice")).state == stored()
+
+
+async def test_redis_a_session_stored_before_identities_is_the_next_acquirers(
+    redis_store: RedisSessionStore,
+) -> None:
+    old = await owns(redis_store, "node-a", "alice")
+    await redis_store.release(old.lease, stored(awaiting_rel=()))
+    await redis_store.redis.hdel(f"{redis_store.prefix}{{{CLIENT}}}:session", "ident")
+    claimed = await owns(redis_store, "node-b", "bob")  # no owner recorded: bob's now
+    assert claimed.state == stored(awaiting_rel=())
+    await redis_store.release(claimed.lease, stored(awaiting_rel=()))
+    assert await redis_store.acquire(CLIENT, "node-a", False, identity="alice") == NotOwner()

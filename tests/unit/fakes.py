@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from frontend.mqtt.codec import Decoder
+from frontend.mqtt.codec import Decoder, Wire, wire_bytes
 from frontend.mqtt.message import Message
 from frontend.mqtt.packets import Publish
 from frontend.mqtt.session import Outbound, Session
@@ -156,7 +156,7 @@ class FakeClient:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.wire: list[bytes] = []
+        self.wire: list[Wire] = []
         self.taken_over = 0
         self.lost = 0
         self.stream_errors: list[BaseException] = []
@@ -170,6 +170,9 @@ class FakeClient:
         if data is not None:
             self.wire.append(data)
 
+    def may_read(self, topic: str) -> bool:
+        return True
+
     def takeover(self) -> None:
         self.taken_over += 1
         self.on_takeover()
@@ -182,7 +185,8 @@ class FakeClient:
 
     def received(self) -> list[Publish]:
         decoder = Decoder()
-        return [p for data in self.wire for p in decoder.feed(data) if isinstance(p, Publish)]
+        packets = (p for data in self.wire for p in decoder.feed(wire_bytes(data)))
+        return [p for p in packets if isinstance(p, Publish)]
 
     def ack_all(self) -> None:
         """PUBACK everything in flight, sending what the freed window lets out."""

@@ -337,6 +337,38 @@ def test_publish_with_a_wildcard_topic_is_a_protocol_error() -> None:
     assert raised.value.spec_id == "MQTT-3.3.2-2"
 
 
+def test_publish_to_a_topic_of_201_levels_is_a_protocol_error() -> None:
+    channel = connected()
+    produce(channel.handle_in(Publish("/".join("t" * 200), b"", 0)))
+    with pytest.raises(ProtocolError) as raised:
+        channel.handle_in(Publish("/".join("t" * 201), b"", 0))
+    assert raised.value.connack_code is None  # the connection is closed
+
+
+def test_a_will_topic_of_201_levels_is_a_protocol_error_without_connack() -> None:
+    channel = Channel(STAMPS)
+    with pytest.raises(ProtocolError) as raised:
+        channel.handle_in(Connect("c", will=Will("/".join("w" * 201), b"gone")))
+    assert raised.value.connack_code is None
+    assert only_sent(channel.handle_error(raised.value)[:-1]) == []
+
+
+def test_filters_of_201_levels_get_0x80() -> None:
+    deep, deeper = "/".join("f" * 200), "/".join("f" * 201)
+    (request,) = connected().handle_in(Subscribe(3, ((deep, 1), (deeper, 1))))
+    assert isinstance(request, AddSubscriptions)
+    assert request.granted == [(deep, 1)]
+    assert request.return_codes == (1, SUBACK_FAILURE)
+
+
+def test_the_default_subscription_bound_is_1000() -> None:
+    assert Limits().max_subscriptions == 1000
+    filters = tuple((f"f/{i}", 0) for i in range(1001))
+    (request,) = connected().handle_in(Subscribe(3, filters))
+    assert isinstance(request, AddSubscriptions)
+    assert request.return_codes == (0,) * 1000 + (SUBACK_FAILURE,)
+
+
 def test_session_refused_sends_the_code_then_closes() -> None:
     # [MQTT-3.2.2-5] a non-zero CONNACK is followed by closing the connection
     channel = opening(Connect("c", will=WILL))

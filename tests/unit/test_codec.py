@@ -16,7 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frontend.mqtt import codec
-from frontend.mqtt.codec import Decoder, PublishTemplate, encode, encode_publish
+from frontend.mqtt.codec import (
+    SHARED_PAYLOAD_BYTES,
+    Decoder,
+    PublishTemplate,
+    encode,
+    encode_publish,
+    wire_bytes,
+)
 from frontend.mqtt.errors import ConnectRefused, MalformedPacket, PacketTooLarge, ProtocolError
 from frontend.mqtt.packets import (
     SUBACK_FAILURE,
@@ -695,6 +702,27 @@ def test_publish_template_matches_encode(
     assert Decoder().feed(encode(expected)) == [expected]
 
 
+@given(topic_names, st.binary(max_size=2_000), qoss, packet_ids, st.booleans(), st.booleans())
+def test_publish_template_to_wire_is_to_bytes_in_chunks(
+    topic: str, payload: bytes, qos: int, packet_id: int, dup: bool, retain: bool
+) -> None:
+    template = PublishTemplate(topic, payload, qos)
+    pid = packet_id if qos else None
+    wire = template.to_wire(pid, dup=dup and qos > 0, retain=retain)
+    assert wire_bytes(wire) == template.to_bytes(pid, dup=dup and qos > 0, retain=retain)
+    assert isinstance(wire, tuple) == (qos > 0 and len(payload) >= SHARED_PAYLOAD_BYTES)
+
+
+def test_publish_template_shares_a_large_payload_between_packet_ids() -> None:
+    payload = bytes(SHARED_PAYLOAD_BYTES)
+    template = PublishTemplate("a/b", payload, 1)
+    first, second = template.to_wire(1), template.to_wire(2, dup=True)
+    assert isinstance(first, tuple) and isinstance(second, tuple)
+    assert first[1] is payload and second[1] is payload
+    assert first[0][1:-2] == second[0][1:-2]  # only the first byte (DUP) and the id differ
+    assert (first[0][-2:], second[0][-2:]) == (b"\0\1", b"\0\2")
+
+
 def test_publish_template_rejects_mismatched_packet_ids() -> None:
     with pytest.raises(ValueError):
         PublishTemplate("t", b"", 1).to_bytes(None)
@@ -739,3 +767,91 @@ def test_packets_before_a_malformed_one_are_returned_then_the_error_is_raised() 
     assert decoder.error is not None and decoder.error.spec_id == "MQTT-2.2.1"
     with pytest.raises(MalformedPacket):
         decoder.feed(ping)
+
+
+# -- a server's decoder: nothing buffered for a stranger ----------------------------------------
+
+SERVER = codec.ConnectBounds(fields=64, will=32)
+
+
+def server_decoder(max_packet_size: int = codec.MAX_PACKET_SIZE) -> Decoder:
+    return Decoder(max_packet_size, SERVER)
+
+
+@pytest.mark.parametrize("first", [0x30, 0x32, 0x82, 0xC0, 0xE0, 0x20, 0x00, 0xF0])
+def test_a_first_packet_that_is_no_connect_is_refused_at_its_first_byte(first: int) -> None:
+    # [MQTT-3.1.0-1] the first packet sent from the client to the server MUST be a CONNECT
+    decoder = server_decoder()
+    with pytest.raises(ProtocolError) as info:
+        decoder.feed(bytes((first,)))
+    assert info.value.spec_id == "MQTT-3.1.0-1"
+    assert decoder.buffered() == 0
+
+
+def test_a_stranger_announcing_a_large_publish_is_refused_before_anything_is_held() -> None:
+    header = b"\x30" + codec._remaining_length(16 * 1024 * 1024)
+    decoder = server_decoder()
+    with pytest.raises(ProtocolError):
+        decoder.feed(header + bytes(1024 * 1024))
+    assert decoder.buffered() == 0
+    with pytest.raises(ProtocolError):  # and the stream ends there
+        decoder.feed(encode(Connect("c")))
+
+
+def test_a_connect_over_its_bound_is_refused_at_its_remaining_length() -> None:
+    header = b"\x10" + codec._remaining_length(SERVER.fields + SERVER.will)  # 2 + 96 bytes
+    with pytest.raises(PacketTooLarge):
+        server_decoder().feed(header)
+    fits = b"\x10" + codec._remaining_length(SERVER.fields + SERVER.will - 2)
+    decoder = server_decoder()
+    assert decoder.feed(fits) == []
+    assert decoder.buffered() == len(fits)
+
+
+def test_the_connect_bound_is_the_maximum_packet_size_when_that_is_smaller() -> None:
+    with pytest.raises(PacketTooLarge):
+        server_decoder(max_packet_size=40).feed(b"\x10" + codec._remaining_length(39))
+
+
+def test_a_will_message_over_its_bound_is_refused() -> None:
+    will = Will("w", b"x" * (SERVER.will + 1))
+    with pytest.raises(PacketTooLarge, match="will message of 33 bytes"):
+        server_decoder().feed(encode(Connect("c", will=will)))
+    at_bound = Connect("c", will=Will("w", b"x" * SERVER.will))
+    assert server_decoder().feed(encode(at_bound)) == [at_bound]
+
+
+def test_the_fields_of_a_connect_are_bounded_besides_its_will() -> None:
+    small = Connect("c", username="u", password=b"p" * 40)  # 58 bytes in all
+    assert server_decoder().feed(encode(small)) == [small]
+    with pytest.raises(PacketTooLarge, match="besides its will message"):
+        server_decoder().feed(encode(Connect("c", username="u", password=b"p" * 50)))
+
+
+def test_after_its_connect_a_server_decodes_any_packet_whatever_the_chunking() -> None:
+    connect = Connect("c", will=Will("w", b"bye"))
+    packets: list[Packet] = [
+        connect,
+        Publish("a/b", b"x" * 200, 1, packet_id=3),
+        Pingreq(),
+        Disconnect(),
+    ]
+    data = b"".join(encode(p) for p in packets)
+    for size in (1, 2, 3, 7, len(data)):
+        decoder = server_decoder()
+        out = [p for i in range(0, len(data), size) for p in decoder.feed(data[i : i + size])]
+        assert out == packets
+    assert server_decoder().feed(data) == packets
+
+
+def test_a_client_decoder_awaits_no_connect() -> None:
+    assert Decoder().feed(encode(Connack(False, 0))) == [Connack(False, 0)]
+
+
+def test_a_decoding_error_drops_what_was_buffered() -> None:
+    decoder = Decoder()
+    assert decoder.feed(b"\x30\x7f" + bytes(20)) == []
+    assert decoder.buffered() == 22
+    with pytest.raises(MalformedPacket):
+        decoder.feed(bytes(200))  # the PUBLISH's topic length runs past its end
+    assert decoder.buffered() == 0

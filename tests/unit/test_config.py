@@ -12,6 +12,8 @@ import pytest
 
 from frontend.config import ConfigError, NodeConfig, build_parser, config_from_args, log_settings
 from frontend.config_file import keys, kind, parse_args, render_example
+from headwater.devcluster.up import UpOptions, anonymous_line
+from headwater.errors import SettingError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "headwater.example.toml"
 REQUIRED = 'node-id = "n1"\nkafka-bootstrap = "k:9092"\n'
@@ -203,3 +205,61 @@ def test_the_example_is_generated_from_the_parser() -> None:
     assert EXAMPLE.read_text() == render_example(build_parser()), (
         "regenerate it: python -m frontend.config_file > docs/headwater.example.toml"
     )
+
+
+# -- anonymous clients -----------------------------------------------------------------------------
+
+NODE = ["--node-id", "n1", "--kafka-bootstrap", "k:9092"]
+
+
+def test_an_acl_without_a_way_to_authenticate_stops_start_up_naming_the_settings(
+    tmp_path: Path,
+) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("user alice\ntopic readwrite alice/#\n")
+    message = error([*NODE, "--acl-file", str(acl)])
+    assert message.startswith("--acl-file / HEADWATER_ACL_FILE: ")
+    for setting in ("--password-file", "--use-identity-as-username", "--allow-anonymous yes"):
+        assert setting in message
+    assert "--allow-anonymous" in error([*NODE, "--acl-file", str(acl), "--allow-anonymous", "no"])
+    config = node_config([*NODE, "--acl-file", str(acl), "--allow-anonymous"])
+    assert config.allow_anonymous is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "variable", "expected"),
+    [
+        ([], None, None),  # unset: frontend.auth decides (yes without a way to authenticate)
+        (["--allow-anonymous"], None, True),
+        (["--allow-anonymous", "no"], None, False),
+        ([], "yes", True),
+        (["--allow-anonymous", "yes"], "no", True),  # the flag over the variable
+    ],
+)
+def test_allow_anonymous_is_a_switch_left_unset_by_default(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], variable: str | None, expected: bool | None
+) -> None:
+    if variable is not None:
+        monkeypatch.setenv("HEADWATER_ALLOW_ANONYMOUS", variable)
+    assert node_config([*NODE, *argv]).allow_anonymous is expected
+
+
+def test_allow_anonymous_in_the_file_is_a_boolean(tmp_path: Path) -> None:
+    config = node_config(["--config", write(tmp_path, REQUIRED + "allow-anonymous = false\n")])
+    assert config.allow_anonymous is False
+    message = error([*NODE, "--allow-anonymous", "maybe"])
+    assert message == "--allow-anonymous / HEADWATER_ALLOW_ANONYMOUS: 'maybe' is not yes or no"
+
+
+def test_dev_up_says_what_it_allows_and_refuses_an_acl_no_login_can_select(
+    tmp_path: Path,
+) -> None:
+    options = UpOptions(nodes=1, port=0, state_dir=tmp_path, partitions=1)
+    assert anonymous_line(options, {}) == "anonymous clients allowed: no password file"
+    passwords = UpOptions(1, 0, tmp_path, 1, password_file=tmp_path / "passwd")
+    assert anonymous_line(passwords, {}).startswith("anonymous clients refused: only password")
+    acl_only = UpOptions(1, 0, tmp_path, 1, acl_file=tmp_path / "acl")
+    with pytest.raises(SettingError, match="--allow-anonymous yes"):
+        anonymous_line(acl_only, {})
+    allowed = anonymous_line(acl_only, {"HEADWATER_ALLOW_ANONYMOUS": "yes"})
+    assert allowed == "anonymous clients allowed: no password file"

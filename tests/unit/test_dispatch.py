@@ -3,9 +3,13 @@ queue bound.  Over fakes of our own interfaces (``tests.unit.fakes``), no Kafka.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
-from frontend.mqtt.session import Session
+from frontend.mqtt.codec import PublishTemplate
+from frontend.mqtt.message import Message
+from frontend.mqtt.session import Outbound, Session
 from router.delivery import delivery_qos
 from router.dispatch import Dispatcher
 from router.partitioner import Router
@@ -66,11 +70,34 @@ async def test_retained_messages_once_each_at_the_highest_qos_and_none_after_a_n
     p = partition_of("r/x")
     before = Record(p, starts[p] - 1, 1, message("r/x", qos=2, retain=True))
     after = Record(p, starts[p], 1, message("r/y", qos=2, retain=True))
-    dispatcher.deliver_retained(
-        client.session, {"r/#": [before, after], "r/x": [before]}, new, starts
-    )
+    found = {"r/#": [before, after], "r/x": [before]}
+
+    async def scan(topic_filter: str) -> AsyncIterator[list[Record]]:
+        yield found[topic_filter]
+
+    await dispatcher.deliver_retained(client.session, ["r/#", "r/x"], new, starts, scan)
     (publish,) = client.received()
     assert (publish.topic, publish.qos, publish.retain) == ("r/x", 2, True)
+
+
+async def test_retained_batches_are_delivered_as_they_come_once_each() -> None:
+    log = FakeLog()
+    dispatcher, client = connected(log)
+    filters = [("s/#", 0), ("s/+", 1)]
+    starts, new = await dispatcher.subscribe(client.session, filters)
+    p = partition_of("s/x")
+    stored = [Record(p, starts[p] - 10 + i, 1, message(f"s/{i}", qos=1)) for i in range(5)]
+    seen_before: list[int] = []
+
+    async def scan(topic_filter: str) -> AsyncIterator[list[Record]]:
+        for first in (0, 3):  # two batches, each delivered before the next is read
+            seen_before.append(len(client.received()))
+            yield stored[first : first + 3]
+
+    await dispatcher.deliver_retained(client.session, ["s/#", "s/+"], new, starts, scan)
+    assert seen_before == [0, 3, 5, 5]  # the second filter's batches: nothing more to send
+    expected = [(f"s/{i}", 1, True) for i in range(5)]  # once, at the highest granted QoS
+    assert [(x.topic, x.qos, x.retain) for x in client.received()] == expected
 
 
 async def test_catch_up_never_drops_for_the_queue_bound_and_skips_qos_0() -> None:
@@ -187,3 +214,26 @@ async def test_a_client_behind_rejoins_the_live_stream_while_it_never_stands_sti
     await pump(log, session.settled, client.ack_all)
     assert dispatcher.counters.messages_replayed == replayed
     assert [x.payload for x in client.received()] == [b"%d" % i for i in range(len(live.records))]
+
+
+async def test_qos_1_subscribers_of_a_large_message_share_its_payload_not_a_copy() -> None:
+    log = FakeLog()
+    dispatcher, first = connected(log, "first")
+    second = FakeClient(Session("second", clean=False))
+    dispatcher.attach(second.session, second)
+    second.session.deliver(Outbound(*_warm_up()), online=True)  # packet ids 2 and 1 from here
+    p = partition_of("big/1")
+    for client in (first, second):
+        starts, new = await dispatcher.subscribe(client.session, [("big/+", 1)])
+        dispatcher.activate(client.session, new)
+    big = message("big/1", qos=1, payload=bytes(range(256)) * 64)  # 16 KB
+    dispatcher.dispatch([Record(p, starts[p], 1, big)])
+    (head_1, payload_1), (head_2, payload_2) = first.wire[-1], second.wire[-1]
+    assert payload_1 is big.payload and payload_2 is big.payload  # one object, not copies
+    assert head_1[:-2] == head_2[:-2] and head_1[-2:] == b"\0\1" and head_2[-2:] == b"\0\2"
+    assert [p.payload for p in first.received()] == [big.payload]
+
+
+def _warm_up() -> tuple[Message, int, bool, PublishTemplate]:
+    warm = message("warm/up", qos=1)
+    return warm, 1, False, PublishTemplate(warm.topic, warm.payload, 1)

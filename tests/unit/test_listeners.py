@@ -30,9 +30,18 @@ from wsproto.events import (
 
 from frontend.config import TlsFiles
 from frontend.deadlines import Deadlines
-from frontend.listeners import Doors, WebSocket, certificate_identity, tls_context
+from frontend.listeners import (
+    LOGGED_PEERS,
+    Doors,
+    WebSocket,
+    arrival,
+    certificate_identity,
+    tls_context,
+)
 from frontend.proxy_protocol import (
+    LOOPBACK,
     PROXY_V2_SIGNATURE,
+    AllowList,
     ProxyHeader,
     ProxyHeaderError,
     ProxyHeaderReader,
@@ -535,3 +544,88 @@ async def test_no_upgrade_within_the_timeout_is_refused_by_the_wheel() -> None:
     assert h.socket.closed and h.doors.refused["handshake_timeouts"] == 1
     h.ws.data_received(h.client.send(Request(host="x", target="/mqtt", subprotocols=["mqtt"])))
     assert h.streams == [] and h.socket.sent == b""
+
+
+# -- only the load balancer speaks PROXY; the WebSocket Origin allow-list ---------------------
+
+
+def test_the_proxy_allow_list_takes_networks_and_addresses() -> None:
+    allow = AllowList.parse("10.0.0.0/8, 192.0.2.7,2001:db8::/32")
+    assert allow.allows("10.1.2.3") and allow.allows("192.0.2.7")
+    assert allow.allows("2001:db8::1") and allow.allows("::ffff:10.9.9.9")  # dual-stack socket
+    assert not allow.allows("192.0.2.8") and not allow.allows("127.0.0.1")
+    assert not allow.allows("") and not allow.allows("not an address")
+    assert AllowList.parse(LOOPBACK).allows("127.0.0.1") and AllowList.parse(LOOPBACK).allows("::1")
+    for bad in ("", "10.0.0.0/33", "example.com", "10.0.0.0/8,,x"):
+        with pytest.raises(ValueError):
+            AllowList.parse(bad)
+
+
+class Peer(FakeTransport):
+    def __init__(self, host: str) -> None:
+        super().__init__()
+        self.host = host
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return (self.host, 40000) if name == "peername" else default
+
+
+async def test_a_peer_outside_the_allow_list_is_closed_at_accept_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    doors = Doors(
+        FakeStream, lambda: 0, Deadlines(), 5.0, proxy_protocol=True,
+        proxy_allow=AllowList.parse("10.0.0.0/8"),
+    )  # fmt: skip
+    caplog.set_level(logging.WARNING, "headwater.listeners")
+    for host in ("192.0.2.1", "192.0.2.1", "192.0.2.2", "192.0.2.1"):
+        peer = Peer(host)
+        arrival(doors, "mqtt").connection_made(peer)  # type: ignore[arg-type]
+        assert peer.closed
+    assert doors.refused["proxy_not_allowed"] == 4
+    assert [r.getMessage().split()[2] for r in caplog.records] == [
+        "192.0.2.1:40000",
+        "192.0.2.2:40000",
+    ]
+    allowed = Peer("10.0.0.9")
+    arrival(doors, "mqtt").connection_made(allowed)  # type: ignore[arg-type]
+    assert not allowed.closed and len(doors.arriving) == 1
+    doors.close()
+
+
+async def test_the_addresses_logged_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    doors = Doors(FakeStream, lambda: 0, Deadlines(), 5.0, proxy_protocol=True)
+    caplog.set_level(logging.WARNING, "headwater.listeners")
+    for i in range(LOGGED_PEERS + 10):
+        doors.believes(Peer(str(ipaddress.IPv4Address(0x0A000000 + i))))  # type: ignore[arg-type]
+    assert len(doors.peers_logged) == LOGGED_PEERS
+    assert len(caplog.records) == LOGGED_PEERS + 10  # each a new address
+
+
+@pytest.mark.parametrize(
+    ("origin", "accepted"),
+    [
+        (None, True),  # no Origin: not a browser
+        (b"https://app.example.com", True),
+        (b"HTTPS://App.Example.com/", True),
+        (b"https://evil.example.com", False),
+        (b"null", False),
+    ],
+)
+async def test_a_websocket_origin_not_listed_gets_403(origin: bytes | None, accepted: bool) -> None:
+    h = Harness()
+    h.doors.ws_origins = frozenset({"https://app.example.com"})
+    extra = [(b"origin", origin)] if origin is not None else []
+    events = h.upgrade(extra_headers=extra)
+    if accepted:
+        assert events == [AcceptConnection(subprotocol="mqtt")]
+        return
+    assert isinstance(events[0], RejectConnection) and events[0].status_code == 403
+    assert h.socket.closed and h.streams == []
+    assert h.doors.refused["websocket_upgrades_refused"] == 1
+
+
+async def test_without_an_origin_list_any_origin_is_served() -> None:
+    h = Harness()
+    events = h.upgrade(extra_headers=[(b"origin", b"https://anywhere.example")])
+    assert events == [AcceptConnection(subprotocol="mqtt")]

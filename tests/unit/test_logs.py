@@ -7,7 +7,13 @@ import logging
 import sys
 from datetime import datetime
 
-from frontend.logs import JsonFormatter, RepeatFilter
+from frontend.logs import (
+    TEXT_FORMAT,
+    JsonFormatter,
+    RepeatFilter,
+    TextFormatter,
+    escape_controls,
+)
 
 
 class Clock:
@@ -163,3 +169,45 @@ def test_arguments_that_do_not_fit_never_raise() -> None:
     lines.log(logging.ERROR, "client %s %s", "only-one")
     lines.filter.flush(everything=True)
     assert lines.written[-1].getMessage().endswith("(last: client %s %s)")
+
+
+# -- one record, one line ---------------------------------------------------------------------
+
+
+def forged(client_id: str) -> logging.LogRecord:
+    return logging.LogRecord(
+        "headwater.connection", logging.INFO, __file__, 1, "client %s closed: %s",
+        (client_id, "[MQTT-3.1.0-1] the first packet must be CONNECT"), None,
+    )  # fmt: skip
+
+
+FORGERY = "a\n2030-01-01 00:00:00,000 WARNING headwater.node: node draining\r\x1b[2J\u2028\x85"
+
+
+def test_control_characters_in_a_text_line_are_escaped() -> None:
+    line = TextFormatter(TEXT_FORMAT).format(forged(FORGERY))
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    assert "\u2028" not in line and "\x85" not in line
+    assert "client a\\n2030-01-01 00:00:00,000 WARNING" in line
+    assert line.endswith(
+        "\\r\\x1b[2J\\u2028\\x85 closed: [MQTT-3.1.0-1] the first packet must be CONNECT"
+    )
+
+
+def test_escaping_leaves_the_record_and_tracebacks_alone() -> None:
+    record = forged(FORGERY)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    text = TextFormatter(TEXT_FORMAT).format(record)
+    assert "\nTraceback (most recent call last):\n" in text  # the node's own lines
+    assert text.split("\n")[0].endswith("the first packet must be CONNECT")
+    assert record.message == record.getMessage()  # other handlers see what was logged
+    assert escape_controls("plain text") == "plain text"
+
+
+def test_a_json_line_stays_one_valid_object() -> None:
+    line = JsonFormatter().format(forged(FORGERY))
+    assert "\n" not in line and "\u2028" not in line
+    assert json.loads(line)["message"].startswith(f"client {FORGERY} closed")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+from collections.abc import Callable
+
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -224,3 +228,42 @@ def test_constructed_matches_lie_in_the_filters_partitions(
     filter, topic = pair
     assume(topic and matches(filter, topic))
     assert router.partition_for_topic(topic) in router.partitions_for_filter(filter)
+
+
+def _retained_bytes(work: Callable[[], object]) -> int:
+    """Bytes still allocated once ``work`` has run and its own garbage is gone."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        work()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_routing_remembers_routing_keys_not_whole_topics() -> None:
+    router = Router(8, 2)
+    deep = [f"fleet/dev1/{i}/" + "x/" * 30_000 for i in range(10)]  # 64 KB topics, one key
+    retained = _retained_bytes(lambda: [router.route(topic) for topic in deep])
+    assert router.cached_keys == 1
+    assert retained < 2_000  # today each 64 KB topic stays in the cache: ~650 KB
+    assert router.route(deep[0]) == (router.partition_for_topic("fleet/dev1"), b"fleet/dev1")
+
+
+def test_a_long_routing_key_is_computed_not_cached() -> None:
+    router = Router(8, 2)
+    long_keys = [f"{i}" + "k" * 65_000 for i in range(5)]  # one level: the key is the topic
+    retained = _retained_bytes(lambda: [router.route(topic) for topic in long_keys])
+    assert router.cached_keys == 0
+    assert retained < 2_000  # today: ~130 KB per topic (the topic and its encoded key)
+    partition, key = router.route(long_keys[0])
+    assert (partition, key) == (partition_for_key(key, 8), long_keys[0].encode())
+
+
+def test_the_route_cache_is_bounded_in_keys() -> None:
+    router = Router(8, 1, cache_size=4)
+    for i in range(100):
+        router.route(f"app{i}/device")
+    assert router.cached_keys == 4

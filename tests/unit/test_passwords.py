@@ -98,6 +98,42 @@ def test_unknown_user_costs_a_hash_too(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert hashed == [b"guess", b"guess"]
 
 
+@pytest.mark.parametrize(
+    ("entries", "dearest"),
+    [
+        ([("sha512", 101)], ("sha512", 101)),
+        ([("sha512", 101), ("sha512-pbkdf2", 7)], ("sha512-pbkdf2", 7)),
+        (
+            [("sha512-pbkdf2", 2000), ("sha512", 101), ("sha512-pbkdf2", 50)],
+            ("sha512-pbkdf2", 2000),
+        ),
+    ],
+    ids=["$6$ only", "$7$ beats $6$", "most iterations"],
+)
+def test_an_unknown_user_is_hashed_like_the_dearest_entry(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    entries: list[tuple[passwords_module.Method, int]],
+    dearest: tuple[str, int],
+) -> None:
+    """An unknown name costs what the file's costliest entry costs: timing cannot tell that it
+    is unknown (a cheap default dummy would answer sooner than a dear user's check)."""
+    path = tmp_path / "passwords"
+    lines = [f"u{i}:{hash_password('pw', m, n)}" for i, (m, n) in enumerate(entries)]
+    path.write_text("\n".join(lines) + "\n")
+    auth = Auth(password_file=str(path))
+    hashed: list[tuple[str, int]] = []
+    real = passwords_module.PasswordHash.compute
+
+    def recording(self: passwords_module.PasswordHash, password: bytes) -> bytes:
+        hashed.append((self.method, self.iterations))
+        return real(self, password)
+
+    monkeypatch.setattr(passwords_module.PasswordHash, "compute", recording)
+    assert auth.check("mallory", b"pw") == BAD_CREDENTIALS
+    assert hashed == [dearest]
+
+
 def test_blank_lines_and_comments_are_allowed(tmp_path: Path) -> None:
     path = tmp_path / "passwords"
     path.write_text(f"# users\n\n  # indented comment\nalice:{hash_password('pw')}\n\n")
@@ -121,6 +157,7 @@ HASH_B64 = base64.b64encode(bytes(64)).decode()
         (f"carol:$5${SALT_B64}${HASH_B64}", "not a Mosquitto password hash"),
         (f"carol:$7$0${SALT_B64}${HASH_B64}", "iterations"),
         (f"carol:$7$many${SALT_B64}${HASH_B64}", "iterations"),
+        (f"carol:$7$100001${SALT_B64}${HASH_B64}", "more than the 100000 allowed"),
         (f"carol:$7${SALT_B64}${HASH_B64}", "$7$<iterations>$<salt>$<hash>"),
         (f"carol:$6$101${SALT_B64}${HASH_B64}", "$6$<salt>$<hash>"),
         (f"carol:$6${base64.b64encode(bytes(16)).decode()}${HASH_B64}", "salt must decode to 12"),
@@ -184,6 +221,15 @@ def test_batch_create_makes_a_private_file_mosquitto_format(tmp_path: Path) -> N
     assert Auth(password_file=str(path)).check("dave", b"pw4") == ACCEPTED
     assert headwater_passwd("-c", "-b", str(path), "carol", "pw3") == 0  # -c overwrites
     assert [line.partition(":")[0] for line in path.read_text().splitlines()] == ["carol"]
+
+
+def test_passwd_refuses_iterations_beyond_the_ceiling(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit):
+        headwater_passwd("-I", "100001", "-c", "-b", str(tmp_path / "passwords"), "alice", "pw")
+    assert "1..100000" in capsys.readouterr().err
+    assert not (tmp_path / "passwords").exists()
 
 
 def test_update_and_delete_keep_other_lines_in_order(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from frontend.mqtt.errors import MalformedPacket
 from frontend.mqtt.topics import (
+    MAX_TOPIC_LEVELS,
     is_valid_filter,
     matches,
     parse_shared,
@@ -110,6 +111,23 @@ def test_filter_null_character_mqtt_4_7_3_2() -> None:
 def test_filter_length_mqtt_4_7_3_3() -> None:
     assert is_valid_filter("a" * 65535)
     assert _spec_id(validate_topic_filter, "a" * 65536) == "MQTT-4.7.3-3"
+
+
+def test_200_levels_are_the_most_a_name_or_filter_may_have() -> None:
+    assert MAX_TOPIC_LEVELS == 200  # Mosquitto's TOPIC_HIERARCHY_LIMIT
+    deepest, deeper = "/".join("a" * 200), "/".join("a" * 201)
+    validate_topic_name(deepest)
+    assert _spec_id(validate_topic_name, deeper) == "MQTT-4.7.1"
+    assert _spec_id(validate_topic_name, "/" * 200) == "MQTT-4.7.1"  # empty levels count
+    for valid in (deepest, "/".join("+" * 200), "/".join("a" * 199) + "/#", f"$share/g/{deepest}"):
+        assert is_valid_filter(valid), valid
+    for deep in (deeper, "/".join("+" * 201), deepest + "/#", f"$share/g/{deeper}"):
+        assert _spec_id(validate_topic_filter, deep) == "MQTT-4.7.1", deep
+
+
+def test_levels_are_counted_before_the_filter_is_split() -> None:
+    filter = "a/" * 30_000 + "x#"  # would be MQTT-4.7.1-2, but the level count comes first
+    assert _spec_id(validate_topic_filter, filter) == "MQTT-4.7.1"
 
 
 _TEXT = st.text(alphabet=st.sampled_from("ab/+#$\x00€"), max_size=12)
