@@ -311,14 +311,24 @@ class Retained:
     """KiB: before, set, cleared."""
     redis: tuple[int, int, int] | None = None
     """Redis used_memory in bytes (Headwater only): before, set, cleared."""
+    markers_gone: tuple[float, int] | None = None
+    """Headwater only: seconds after the clear until Redis memory was back within 5% of the
+    set's growth (the clears' markers expired), and that reading in bytes."""
 
     def cell(self) -> str:
         head = f"{self.stored:,} of {RETAINED:,} stored, {self.left:,} left after the clear"
         if self.redis is not None:
             base, full, cleared = (b // 1024 for b in self.redis)
+            later = ""
+            if self.markers_gone is not None:
+                seconds, used = self.markers_gone
+                later = (
+                    f"; {mib(used // 1024)} {seconds:.0f} s later, once the clears' markers "
+                    f"expired ({given_back(base, full, used // 1024)})"
+                )
             return (
                 f"{head}; Redis {mib(base)} -> {mib(full)} set -> {mib(cleared)} cleared "
-                f"({given_back(base, full, cleared)})"
+                f"({given_back(base, full, cleared)}){later}"
             )
         base, full, cleared = self.rss
         return (
@@ -542,7 +552,31 @@ async def retained(t: Target) -> Retained:
     redis_used = None
     if used[0] is not None and used[1] is not None and used[2] is not None:
         redis_used = (used[0], used[1], used[2])
-    return Retained(found[0], found[1], (rss[0], rss[1], rss[2]), redis_used)
+    gone = await markers_expired(t, used[0], used[1]) if redis_used is not None else None
+    return Retained(found[0], found[1], (rss[0], rss[1], rss[2]), redis_used, gone)
+
+
+MARKERS_WAIT = 130.0
+"""Seconds to wait for Headwater's clear markers to expire (they live 120 s: a late older write
+must not bring a cleared topic back)."""
+
+
+async def markers_expired(
+    t: Target, base: int | None, full: int | None
+) -> tuple[float, int] | None:
+    """Seconds until Redis memory is back within 5% of the set's growth, and that reading."""
+    if base is None or full is None:
+        return None
+    start = time.monotonic()
+    while time.monotonic() - start < MARKERS_WAIT:
+        used = t.used_memory()
+        if used is None:
+            return None
+        if used - base <= (full - base) * 0.05:
+            return time.monotonic() - start, used
+        await asyncio.sleep(1.0)
+    used = t.used_memory()
+    return (time.monotonic() - start, used) if used is not None else None
 
 
 async def groups(t: Target) -> Groups:
@@ -727,7 +761,8 @@ HOW = [
     f"of {CHUNK} of the topics each (one after another: a queue of 1,000 per client would drop "
     "the rest) count the retained messages they get; after the clear, a new subscriber to `#`; "
     "again until all are there (after the set) or none (after the clear), 30 s at most. "
-    "Headwater: Redis `used_memory` (INFO memory) before, set, cleared; mosquitto: its VmRSS.",
+    "Headwater: Redis `used_memory` (INFO memory) before, set, cleared, and once back within 5% "
+    "of the set's growth (the clears' 120 s markers expired; 130 s at most); mosquitto: its VmRSS.",
     f"groups: one client sends {GROUPS} SUBSCRIBEs, each `$share/g<id>-<i>/s/x`; threads = "
     "`Threads:` of /proc/<pid>/status before, and at most until unchanged for 1 s after the last "
     "SUBACK.",
