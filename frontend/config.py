@@ -1,12 +1,23 @@
-"""A node's configuration: ``NodeConfig``, and the command line and ``HEADWATER_*`` variables that
-fill it.
+"""A node's settings: one table of declarations (:data:`SETTINGS`), and what is derived from it.
 
-Every setting is a flag with an environment variable beside it (``--max-inflight`` /
-``HEADWATER_MAX_INFLIGHT``) and a key of the configuration file (``max-inflight = 32``, read by
-``frontend.config_file``).  A bad value stops start-up with one line naming the flag, the variable
-and, when the value came from the file, the key and the file (:class:`ConfigError`); nothing here
-connects to anything.  A flag's ``metavar`` tells the file its TOML type: :data:`INTEGER`,
-:data:`SECONDS`, a yes/no switch is a boolean, any other a string.
+Each :class:`Setting` is declared once: its name (the flag without ``--``, the key of the
+configuration file, and the variable ``HEADWATER_<NAME>``), its kind (the file's TOML type and how
+text becomes a value, :data:`KINDS`), its default, its bounds and its help.  Everything else is
+derived: the command line (:func:`build_parser`, each help ending in ``[HEADWATER_X]``), the file's
+keys and types, the example file and the README's table (``frontend.config_file``, a unit test
+keeps both equal to what it renders), the defaults of :class:`NodeConfig` and the one-setting checks
+of :func:`config_from_args`.  Checks that span settings are the small functions after it: the TLS
+files, the workers and their ports, anonymous clients and the ACL, ``--max-connections``' default.
+
+Precedence is flag > variable > file > default: the parser's defaults hold the variables, and the
+file fills the defaults whose variable is unset (``frontend.config_file``).  A bad value stops
+start-up with one line naming the flag, the variable and, when the value came from the file, the key
+and the file (:class:`ConfigError`); nothing here connects to anything.
+
+A table of our own rather than pydantic-settings: what users see would change (its errors, its
+command line), or be rebuilt around it at every point: argparse's abbreviations that
+``frontend.workers`` relies on, yes/no switches, a tri-state ``--allow-anonymous``, messages that
+name flag, variable, key and file.  The table is plain data; the rules are the few functions below.
 """
 
 from __future__ import annotations
@@ -15,22 +26,36 @@ import argparse
 import logging
 import os
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from frontend.buffers import DEFAULT_MAX_BUFFERED_BYTES
 from frontend.mqtt.channel import Limits
 from frontend.mqtt.codec import DEFAULT_MAX_CONNECT_SIZE, DEFAULT_MAX_WILL_SIZE
 from frontend.proxy_protocol import LOOPBACK, AllowList
 from frontend.retained import DEFAULT_MAX_RETAINED, DEFAULT_MAX_RETAINED_BYTES
+from frontend.sessions.redis import DEFAULT_PREFIX
 from frontend.sessions.store import DEFAULT_EXPIRY
+from router.partitioner import DEFAULT_ROUTING_DEPTH
 from router.shared import DEFAULT_MAX_SHARE_GROUPS, DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT
-from router.topics import MAX_RECORD_BYTES
+from router.topics import DEFAULT_PARTITIONS, MAX_RECORD_BYTES, MESSAGES_TOPIC
 
 DEFAULT_MAX_PACKET_SIZE = MAX_RECORD_BYTES - 128 * 1024
 """Largest PUBLISH accepted: its record (payload, topic, client id, ~40 bytes of framing)
 must fit in what the log topic and the producer take (``router.topics.MAX_RECORD_BYTES``)."""
 MAX_SESSION_EXPIRY = 10 * 365 * 86400
 """Ten years: longer is "never", which is 0."""
+MAX_WORKERS = 64
+"""Processes of one node at most (``--workers``)."""
+FILE_RESERVE = 200
+"""Open files a node keeps besides its clients' and Redis's: librdkafka's sockets to each broker
+and wake-up pipes (producer, reader, catch-up and share-group consumers), the listeners, the
+stats port, log files, the interpreter's own."""
+MIN_CONNECTIONS = 16
+LOG_FORMATS = ("text", "json")
+LISTENER_KINDS = ("mqtt", "mqtts", "ws", "wss")
+"""MQTT over TCP, over TLS, over WebSocket (path ``/mqtt``) and over secure WebSocket."""
 
 
 class ConfigError(ValueError):
@@ -49,401 +74,34 @@ class FileValue(str):
         return value
 
 
-INTEGER = "N"
-"""The metavar of a flag whose file key is a TOML integer."""
-SECONDS = "SECONDS"
-"""The metavar of a flag whose file key is a TOML number (integer or float)."""
-LOG_FORMATS = ("text", "json")
-MAX_WORKERS = 64
-"""Processes of one node at most (``--workers``)."""
+# -- kinds of value --------------------------------------------------------------------------------
 
+TEXT, INTEGER, SECONDS, SWITCH = "text", "integer", "seconds", "switch"
+KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    SWITCH: ((bool,), "true or false"),
+    INTEGER: ((int,), "an integer"),
+    SECONDS: ((int, float), "a number of seconds"),
+    TEXT: ((str,), "a string"),
+}
+"""Each kind's TOML types (exact: a TOML boolean is no integer), and the words for them."""
+METAVARS = {INTEGER: "N", SECONDS: "SECONDS"}
+NODE, LIMITS, OWN = "node", "limits", "own"
+"""Where a value goes: the :class:`NodeConfig` field of its name, the :class:`Limits` field of
+its name, or a function of its own below (a setting that makes part of a field, or none)."""
 
-LISTENER_KINDS = ("mqtt", "mqtts", "ws", "wss")
-"""MQTT over TCP, over TLS, over WebSocket (path ``/mqtt``) and over secure WebSocket."""
-
-
-@dataclass(slots=True)
-class Listener:
-    """One front door of a node (``frontend.listeners``)."""
-
-    kind: str
-    host: str
-    port: int
-    """0 until started: the port the system chose is written back."""
-
-
-@dataclass(slots=True)
-class TlsFiles:
-    """What the TLS listeners (``mqtts``, ``wss``) serve with; Mosquitto's listener settings."""
-
-    certfile: str
-    keyfile: str
-    cafile: str | None = None
-    """CA of client certificates: a certificate a client presents is verified against it."""
-    require_certificate: bool = False
-    """Refuse the TLS handshake of a client without a valid certificate."""
-    use_identity_as_username: bool = False
-    """The client certificate's CN is the user name, and no password is asked (implies
-    ``require_certificate``)."""
-
-
-@dataclass(slots=True)
-class NodeConfig:
-    node_id: str
-    host: str
-    port: int
-    kafka_bootstrap: str
-    redis_url: str | None
-    topic: str
-    partitions: int
-    routing_depth: int = 2
-    max_packet_size: int = DEFAULT_MAX_PACKET_SIZE
-    connect_timeout: float = 15.0
-    password_file: str | None = None
-    acl_file: str | None = None
-    allow_anonymous: bool | None = None
-    """Clients that prove no identity may connect (Mosquitto 2.0's ``allow_anonymous``); None:
-    exactly when the node has no way to authenticate (``frontend.auth.anonymous_allowed``)."""
-    listeners: list[Listener] = field(default_factory=list)
-    """Front doors besides the plain MQTT one at ``host``:``port``."""
-    tls: TlsFiles | None = None
-    proxy_protocol: bool = False
-    reuse_port: bool = False
-    """Listeners bound with ``SO_REUSEPORT`` (the workers of ``--workers``)."""
-    """Every listener expects a PROXY protocol v1 or v2 header first (from a load balancer)."""
-    max_connections: int = field(default_factory=lambda: default_max_connections(50))
-    """Connections at once, at most; by default what the open-file limit leaves."""
-    max_connect_size: int = DEFAULT_MAX_CONNECT_SIZE
-    """A CONNECT's bytes besides its will message, at most (``frontend.mqtt.codec``)."""
-    max_will_size: int = DEFAULT_MAX_WILL_SIZE
-    """A will message's bytes, at most."""
-    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
-    """Bytes in clients' partial packets and output buffers, node-wide (``frontend.buffers``)."""
-    proxy_allow: AllowList = field(default_factory=lambda: AllowList.parse(LOOPBACK))
-    """The peers (load balancers) a PROXY header is believed from."""
-    ws_origins: frozenset[str] = frozenset()
-    """``Origin`` values a WebSocket upgrade may carry (lower case); empty: any."""
-    redis_prefix: str = "hw:"
-    redis_connections: int = 50
-    """Connections to Redis at most; more requests at once wait for one (never refused)."""
-    redis_cluster: bool = False
-    """``redis_url`` names a node of a Redis Cluster."""
-    session_expiry: float = DEFAULT_EXPIRY
-    """Seconds a persistent session is kept once its client is gone; 0: forever."""
-    stats_host: str | None = None
-    stats_port: int = 0
-    sys_interval: float = 0.0
-    """Seconds between two ``$SYS`` reports (``frontend.systree``); 0: none.  Off for a node
-    built in code (tests count their own traffic); the command line's default is 10."""
-    max_share_groups: int = DEFAULT_MAX_SHARE_GROUPS
-    """``$share`` groups with members on this node, at most (``router.shared``)."""
-    max_share_groups_per_client: int = DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT
-    """``$share`` filters one client holds, at most."""
-    max_retained: int = DEFAULT_MAX_RETAINED
-    """Retained messages kept, cluster-wide (``frontend.retained``)."""
-    max_retained_bytes: int = DEFAULT_MAX_RETAINED_BYTES
-    """Bytes of retained messages (topic and stored record) kept, cluster-wide."""
-    limits: Limits = field(default_factory=Limits)
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"HEADWATER_{name}", default)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="headwater frontend", description="Run one front-end node.")
-    p.add_argument(
-        "--config",
-        metavar="FILE",
-        default=_env("CONFIG"),
-        help="a TOML file of settings, keys named as the flags without -- (example: "
-        "docs/headwater.example.toml); flags and variables override it [HEADWATER_CONFIG]",
-    )
-    p.add_argument(
-        "--node-id", default=_env("NODE_ID"), help="unique node name, required [HEADWATER_NODE_ID]"
-    )
-    p.add_argument(
-        "--listen",
-        default=_env("LISTEN", "127.0.0.1:1883"),
-        help="host:port to serve MQTT on [HEADWATER_LISTEN]",
-    )
-    p.add_argument(
-        "--workers",
-        metavar=INTEGER,
-        default=_env("WORKERS", "1"),
-        help="processes sharing the listening ports (SO_REUSEPORT), one per core; worker i is "
-        "node NODE_ID-i, its HTTP port the --stats-listen port + i-1 [HEADWATER_WORKERS]",
-    )
-    for kind, what in (
-        ("tls", "MQTT over TLS"),
-        ("ws", "MQTT over WebSocket at /mqtt"),
-        ("wss", "MQTT over secure WebSocket at /mqtt"),
-    ):
-        flag = f"--{kind}-listen"
-        p.add_argument(
-            flag,
-            default=_env(f"{kind.upper()}_LISTEN"),
-            help=f"host:port to serve {what} on; off when unset [{_env_name(flag)}]",
-        )
-    p.add_argument(
-        "--certfile",
-        default=_env("CERTFILE"),
-        help="server certificate (PEM) of the TLS listeners [HEADWATER_CERTFILE]",
-    )
-    p.add_argument(
-        "--keyfile", default=_env("KEYFILE"), help="its private key (PEM) [HEADWATER_KEYFILE]"
-    )
-    p.add_argument(
-        "--cafile",
-        default=_env("CAFILE"),
-        help="CA that client certificates are verified against [HEADWATER_CAFILE]",
-    )
-    p.add_argument(
-        "--require-certificate",
-        action="store_const",
-        const="yes",
-        default=_env("REQUIRE_CERTIFICATE", "no"),
-        help="TLS clients must present a certificate signed by --cafile "
-        "[HEADWATER_REQUIRE_CERTIFICATE=yes]",
-    )
-    p.add_argument(
-        "--use-identity-as-username",
-        action="store_const",
-        const="yes",
-        default=_env("USE_IDENTITY_AS_USERNAME", "no"),
-        help="a TLS client certificate's CN is its user name (implies "
-        "--require-certificate) [HEADWATER_USE_IDENTITY_AS_USERNAME=yes]",
-    )
-    p.add_argument(
-        "--proxy-protocol",
-        action="store_const",
-        const="yes",
-        default=_env("PROXY_PROTOCOL", "no"),
-        help="every listener expects a PROXY protocol v1/v2 header first, as a load "
-        "balancer sends it [HEADWATER_PROXY_PROTOCOL=yes]",
-    )
-    p.add_argument(
-        "--reuse-port",
-        action="store_const",
-        const="yes",
-        default=_env("REUSE_PORT", "no"),
-        help="bind every listener with SO_REUSEPORT, so that several processes share its port "
-        "(each worker of --workers is started with it) [HEADWATER_REUSE_PORT=yes]",
-    )
-    p.add_argument(
-        "--max-connections",
-        metavar=INTEGER,
-        default=_env("MAX_CONNECTIONS"),
-        help="connections at once; more are closed at accept; default: the open-file limit "
-        f"(soft RLIMIT_NOFILE, `ulimit -n`) less {FILE_RESERVE} + --redis-connections, the "
-        "files kept for Kafka, Redis, the listeners and logs [HEADWATER_MAX_CONNECTIONS]",
-    )
-    p.add_argument(
-        "--max-connect-size",
-        metavar=INTEGER,
-        default=_env("MAX_CONNECT_SIZE", str(DEFAULT_MAX_CONNECT_SIZE)),
-        help="bytes of a CONNECT besides its will message (client id, user name, password, will "
-        "topic); a first packet that is no CONNECT, or a larger one, is closed before it is "
-        "buffered [HEADWATER_MAX_CONNECT_SIZE]",
-    )
-    p.add_argument(
-        "--max-will-size",
-        metavar=INTEGER,
-        default=_env("MAX_WILL_SIZE", str(DEFAULT_MAX_WILL_SIZE)),
-        help="bytes of a will message [HEADWATER_MAX_WILL_SIZE]",
-    )
-    p.add_argument(
-        "--max-buffered-bytes",
-        metavar=INTEGER,
-        default=_env("MAX_BUFFERED_BYTES", str(DEFAULT_MAX_BUFFERED_BYTES)),
-        help="bytes held in clients' partial packets and output buffers, node-wide; past it "
-        "the node stops reading until they hold 3/4 of it [HEADWATER_MAX_BUFFERED_BYTES]",
-    )
-    p.add_argument(
-        "--proxy-allow",
-        metavar="CIDR[,CIDR]",
-        default=_env("PROXY_ALLOW", LOOPBACK),
-        help="with --proxy-protocol, the load balancers' networks: a connection from any other "
-        "peer is closed at accept [HEADWATER_PROXY_ALLOW]",
-    )
-    p.add_argument(
-        "--ws-origins",
-        metavar="ORIGIN[,ORIGIN]",
-        default=_env("WS_ORIGINS"),
-        help="the WebSocket listeners' allowed Origin headers (https://app.example.com); an "
-        "upgrade with another is answered 403, one without any (not a browser) is served; "
-        "any when unset [HEADWATER_WS_ORIGINS]",
-    )
-    p.add_argument(
-        "--kafka-bootstrap",
-        default=_env("KAFKA_BOOTSTRAP"),
-        help="Kafka bootstrap servers, required [HEADWATER_KAFKA_BOOTSTRAP]",
-    )
-    p.add_argument(
-        "--redis-url",
-        default=_env("REDIS_URL"),
-        help="sessions and retained messages; in memory when unset "
-        "(one node only) [HEADWATER_REDIS_URL]",
-    )
-    p.add_argument(
-        "--redis-connections",
-        metavar=INTEGER,
-        default=_env("REDIS_CONNECTIONS", "50"),
-        help="connections to Redis at most; requests beyond wait their turn "
-        "[HEADWATER_REDIS_CONNECTIONS]",
-    )
-    p.add_argument(
-        "--redis-cluster",
-        action="store_const",
-        const="yes",
-        default=_env("REDIS_CLUSTER", "no"),
-        help="--redis-url names a node of a Redis Cluster [HEADWATER_REDIS_CLUSTER=yes]",
-    )
-    p.add_argument(
-        "--redis-prefix",
-        default=_env("REDIS_PREFIX", "hw:"),
-        help="key prefix in Redis [HEADWATER_REDIS_PREFIX]",
-    )
-    p.add_argument(
-        "--topic",
-        default=_env("TOPIC", "headwater.messages"),
-        help="the log topic [HEADWATER_TOPIC]",
-    )
-    p.add_argument(
-        "--partitions",
-        metavar=INTEGER,
-        default=_env("PARTITIONS", "12"),
-        help="partitions of the log topic [HEADWATER_PARTITIONS]",
-    )
-    p.add_argument(
-        "--routing-depth",
-        metavar=INTEGER,
-        default=_env("ROUTING_DEPTH", "2"),
-        help="topic levels in the routing key [HEADWATER_ROUTING_DEPTH]",
-    )
-    p.add_argument(
-        "--max-packet-size",
-        metavar=INTEGER,
-        default=_env("MAX_PACKET_SIZE", str(DEFAULT_MAX_PACKET_SIZE)),
-        help="largest accepted packet, bytes [HEADWATER_MAX_PACKET_SIZE]",
-    )
-    p.add_argument(
-        "--max-inflight",
-        metavar=INTEGER,
-        default=_env("MAX_INFLIGHT", "32"),
-        help="outbound QoS 1/2 messages in flight per client [HEADWATER_MAX_INFLIGHT]",
-    )
-    p.add_argument(
-        "--max-queued",
-        metavar=INTEGER,
-        default=_env("MAX_QUEUED", "1000"),
-        help="messages queued per client [HEADWATER_MAX_QUEUED]",
-    )
-    p.add_argument(
-        "--max-queued-bytes",
-        metavar=INTEGER,
-        default=_env("MAX_QUEUED_BYTES", str(Limits().max_queued_bytes)),
-        help="payload and topic bytes queued per client; beyond, QoS 1/2 messages wait in the "
-        "log and QoS 0 ones are dropped [HEADWATER_MAX_QUEUED_BYTES]",
-    )
-    p.add_argument(
-        "--max-subscriptions",
-        metavar=INTEGER,
-        default=_env("MAX_SUBSCRIPTIONS", str(Limits().max_subscriptions)),
-        help="topic filters per client; a SUBSCRIBE beyond is refused (0x80); 0: no bound "
-        "[HEADWATER_MAX_SUBSCRIPTIONS]",
-    )
-    p.add_argument(
-        "--max-share-groups",
-        metavar=INTEGER,
-        default=_env("MAX_SHARE_GROUPS", str(DEFAULT_MAX_SHARE_GROUPS)),
-        help="$share groups with members on this node (a Kafka consumer, about 4 threads, "
-        "each); a $share filter opening one more is refused (0x80); 0: none "
-        "[HEADWATER_MAX_SHARE_GROUPS]",
-    )
-    p.add_argument(
-        "--max-share-groups-per-client",
-        metavar=INTEGER,
-        default=_env("MAX_SHARE_GROUPS_PER_CLIENT", str(DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT)),
-        help="$share filters per client; a SUBSCRIBE beyond is refused (0x80); 0: none "
-        "[HEADWATER_MAX_SHARE_GROUPS_PER_CLIENT]",
-    )
-    p.add_argument(
-        "--max-retained",
-        metavar=INTEGER,
-        default=_env("MAX_RETAINED", str(DEFAULT_MAX_RETAINED)),
-        help="retained messages kept, cluster-wide; a retained PUBLISH beyond is delivered but "
-        "not retained (counted) [HEADWATER_MAX_RETAINED]",
-    )
-    p.add_argument(
-        "--max-retained-bytes",
-        metavar=INTEGER,
-        default=_env("MAX_RETAINED_BYTES", str(DEFAULT_MAX_RETAINED_BYTES)),
-        help="bytes of retained messages (topic and record) kept, cluster-wide; a retained "
-        "PUBLISH beyond is delivered but not retained (counted) [HEADWATER_MAX_RETAINED_BYTES]",
-    )
-    p.add_argument(
-        "--session-expiry",
-        metavar=SECONDS,
-        default=_env("SESSION_EXPIRY", f"{DEFAULT_EXPIRY:g}"),
-        help="seconds a persistent session is kept once its client is gone; 0: forever "
-        "[HEADWATER_SESSION_EXPIRY]",
-    )
-    p.add_argument(
-        "--password-file",
-        default=_env("PASSWORD_FILE"),
-        help="a mosquitto_passwd file (see `headwater passwd`); anonymous clients refused; "
-        "reread on SIGHUP [HEADWATER_PASSWORD_FILE]",
-    )
-    p.add_argument(
-        "--acl-file",
-        default=_env("ACL_FILE"),
-        help="a Mosquitto acl_file; reread on SIGHUP [HEADWATER_ACL_FILE]",
-    )
-    p.add_argument(
-        "--allow-anonymous",
-        nargs="?",
-        const="yes",
-        default=_env("ALLOW_ANONYMOUS"),
-        help="yes or no: clients that prove no identity may connect, and get the acl_file's "
-        "anonymous rules (a user name proves nothing without --password-file or "
-        "--use-identity-as-username); unset: yes without either, no with one "
-        "[HEADWATER_ALLOW_ANONYMOUS]",
-    )
-    p.add_argument(
-        "--stats-listen",
-        default=_env("STATS_LISTEN"),
-        help="host:port for GET /stats (JSON); off when unset [HEADWATER_STATS_LISTEN]",
-    )
-    p.add_argument(
-        "--sys-interval",
-        metavar=SECONDS,
-        default=_env("SYS_INTERVAL", "10"),
-        help="seconds between $SYS reports; 0: none [HEADWATER_SYS_INTERVAL]",
-    )
-    p.add_argument(
-        "--log-level",
-        default=_env("LOG_LEVEL", "INFO"),
-        help="DEBUG, INFO, WARNING or ERROR [HEADWATER_LOG_LEVEL]",
-    )
-    p.add_argument(
-        "--log-format",
-        default=_env("LOG_FORMAT", "text"),
-        help="text, or json: one object per line (time, level, logger, message, exception) "
-        "[HEADWATER_LOG_FORMAT]",
-    )
-    return p
-
-
-def _env_name(flag: str) -> str:
-    """The variable beside ``flag``: ``--max-inflight`` -> ``HEADWATER_MAX_INFLIGHT``."""
-    return "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
+Parse = Callable[[Any, str], Any]
+"""A text setting's check: (its text or None, its flag) -> its value; ConfigError if bad."""
 
 
 def _label(flag: str, value: object) -> str:
     """Where a bad ``value`` came from: ``--flag / HEADWATER_FLAG``, and the file key if there."""
-    where = f"{flag} / {_env_name(flag)}"
+    where = f"{flag} / {variable_of(flag)}"
     return f"{where} / {value.origin}" if isinstance(value, FileValue) else where
+
+
+def variable_of(flag: str) -> str:
+    """The variable beside ``flag``: ``--max-inflight`` -> ``HEADWATER_MAX_INFLIGHT``."""
+    return "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
 
 
 def _int_setting(value: str | None, flag: str, low: int, high: int) -> int:
@@ -474,12 +132,388 @@ def _switch_setting(value: str, flag: str) -> bool:
     return answer[value.lower()]
 
 
-def _choice_setting(value: str, flag: str, choices: tuple[str, ...]) -> str:
-    """The one of ``choices`` that ``value`` names, whatever its case."""
-    chosen = [choice for choice in choices if choice.lower() == str(value).lower()]
-    if not chosen:
-        raise ConfigError(f"{_label(flag, value)}: {value!r} is not one of {', '.join(choices)}")
-    return chosen[0]
+def _choice(choices: tuple[str, ...]) -> Parse:
+    """The check of a text naming one of ``choices``, whatever its case."""
+
+    def parse(value: str, flag: str) -> str:
+        chosen = [choice for choice in choices if choice.lower() == str(value).lower()]
+        if not chosen:
+            raise ConfigError(
+                f"{_label(flag, value)}: {value!r} is not one of {', '.join(choices)}"
+            )
+        return chosen[0]
+
+    return parse
+
+
+def _existing_file(path: str | None, flag: str) -> str | None:
+    if path and not os.path.isfile(path):
+        raise ConfigError(f"{_label(flag, path)}: no file {path}")
+    return path
+
+
+def _allow_list(value: str, flag: str) -> AllowList:
+    try:
+        return AllowList.parse(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"{_label(flag, value)}: {exc}") from None
+
+
+def _origins(value: str | None, flag: str) -> frozenset[str]:
+    """Origins as browsers send them (RFC 6454): scheme://host[:port], compared in lower case."""
+    words = (word.strip().rstrip("/").lower() for word in (value or "").split(","))
+    origins = frozenset(word for word in words if word)
+    for origin in origins:
+        scheme, sep, host = origin.partition("://")
+        if not sep or not scheme or not host or "/" in host:
+            raise ConfigError(f"{_label(flag, value)}: {origin!r} is not scheme://host[:port]")
+    return origins
+
+
+# -- the declarations ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting, as everything that shows it derives it."""
+
+    name: str
+    """The flag without ``--``, the file's key; the variable is ``HEADWATER_`` + its upper case."""
+    kind: str
+    default: str | int | float | bool | None
+    """As a file would write it; None: unset.  A switch unset by default is a tri-state."""
+    help: str
+    """For ``--help`` and the example file; the README adds :attr:`more`."""
+    low: int = 0
+    high: int = 0
+    """Bounds of a number (seconds: from 0)."""
+    into: str = NODE
+    parse: Parse | None = None
+    """A text setting's check; without one the text is the value."""
+    more: str = ""
+    metavar: str | None = None
+    """What ``--help`` calls a text setting's value; a number's is its kind's."""
+    required: bool = False
+    """Start-up stops without it (it has no default)."""
+    in_file: bool = True
+    """A key of the file (not ``--config``: a file names no other file)."""
+
+    def __post_init__(self) -> None:
+        types = KINDS[self.kind][0]
+        if self.default is not None and type(self.default) not in types:
+            raise TypeError(f"{self.name}: default {self.default!r} is not {self.kind}")
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name}"
+
+    @property
+    def variable(self) -> str:
+        return variable_of(self.name)
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def text(self) -> str | None:
+        """The default as a flag would give it."""
+        if isinstance(self.default, bool):
+            return "yes" if self.default else "no"
+        if isinstance(self.default, float):
+            return f"{self.default:g}"
+        return None if self.default is None else str(self.default)
+
+    @property
+    def flag_only(self) -> bool:
+        """A switch given bare (``--proxy-protocol``), set by its variable as ``=yes``."""
+        return self.kind == SWITCH and self.default is not None
+
+    def value(self, text: str | None) -> Any:
+        """``text`` checked and made the setting's value."""
+        if self.kind == INTEGER:
+            return _int_setting(text, self.flag, self.low, self.high)
+        if self.kind == SECONDS:
+            return _seconds_setting(text, self.flag, self.high)
+        if self.kind == SWITCH:
+            return None if text is None else _switch_setting(text, self.flag)
+        return self.parse(text, self.flag) if self.parse else text
+
+
+def _listen(what: str) -> str:
+    return f"host:port to serve {what} on; off when unset"
+
+
+_LIMITS = Limits()
+_RECORDS = "a retained PUBLISH beyond is delivered but not retained (counted)"
+SETTINGS: dict[str, Setting] = {
+    setting.name: setting
+    for setting in (
+        Setting("config", TEXT, None, "a TOML file of settings, keys named as the flags without "
+                "-- (example: docs/headwater.example.toml); flags and variables override it",
+                into=OWN, metavar="FILE", in_file=False),
+        Setting("node-id", TEXT, None, "unique node name, required", required=True),
+        Setting("listen", TEXT, "127.0.0.1:1883", "host:port to serve MQTT on", into=OWN),
+        Setting("workers", INTEGER, 1, "processes sharing the listening ports (SO_REUSEPORT), "
+                "one per core; worker i is node NODE_ID-i, its HTTP port the --stats-listen port "
+                "+ i-1", 1, MAX_WORKERS, into=OWN, more='see "Every core: `--workers`" below'),
+        Setting("tls-listen", TEXT, None, _listen("MQTT over TLS"), into=OWN),
+        Setting("ws-listen", TEXT, None, _listen("MQTT over WebSocket at /mqtt"), into=OWN),
+        Setting("wss-listen", TEXT, None, _listen("MQTT over secure WebSocket at /mqtt"),
+                into=OWN),
+        Setting("certfile", TEXT, None, "server certificate (PEM) of the TLS listeners",
+                into=OWN, more="required by a TLS listener"),
+        Setting("keyfile", TEXT, None, "its private key (PEM)", into=OWN),
+        Setting("cafile", TEXT, None, "CA that client certificates are verified against",
+                into=OWN),
+        Setting("require-certificate", SWITCH, False, "TLS clients must present a certificate "
+                "signed by --cafile", into=OWN),
+        Setting("use-identity-as-username", SWITCH, False, "a TLS client certificate's CN is "
+                "its user name (implies --require-certificate)", into=OWN,
+                more="no password is asked"),
+        Setting("proxy-protocol", SWITCH, False, "every listener expects a PROXY protocol v1/v2 "
+                "header first, as a load balancer sends it"),
+        Setting("reuse-port", SWITCH, False, "bind every listener with SO_REUSEPORT, so that "
+                "several processes share its port (each worker of --workers is started with it)",
+                more="without it, a port in use stops start-up"),
+        Setting("max-connections", INTEGER, None, "connections at once; more are closed at "
+                "accept; default: the open-file limit (soft RLIMIT_NOFILE, `ulimit -n`) less "
+                f"{FILE_RESERVE} + --redis-connections, the files kept for Kafka, Redis, the "
+                "listeners and logs", 1, 10**7, into=OWN,
+                more="`ulimit -n` 20,000 leaves 19,750; a refusal is counted"),
+        Setting("max-connect-size", INTEGER, DEFAULT_MAX_CONNECT_SIZE, "bytes of a CONNECT "
+                "besides its will message (client id, user name, password, will topic); a first "
+                "packet that is no CONNECT, or a larger one, is closed before it is buffered",
+                64, 2**24),
+        Setting("max-will-size", INTEGER, DEFAULT_MAX_WILL_SIZE, "bytes of a will message",
+                0, 65535),
+        Setting("max-buffered-bytes", INTEGER, DEFAULT_MAX_BUFFERED_BYTES, "bytes held in "
+                "clients' partial packets and output buffers, node-wide; past it the node stops "
+                "reading until they hold 3/4 of it", 1024 * 1024, 2**40,
+                more="`headwater_buffer_pauses_total`"),
+        Setting("proxy-allow", TEXT, LOOPBACK, "with --proxy-protocol, the load balancers' "
+                "networks: a connection from any other peer is closed at accept",
+                parse=_allow_list, metavar="CIDR[,CIDR]", more="`proxy_not_allowed`"),
+        Setting("ws-origins", TEXT, None, "the WebSocket listeners' allowed Origin headers "
+                "(https://app.example.com); an upgrade with another is answered 403, one without "
+                "any (not a browser) is served; any when unset",
+                parse=_origins, metavar="ORIGIN[,ORIGIN]"),
+        Setting("kafka-bootstrap", TEXT, None, "Kafka bootstrap servers, required",
+                required=True),
+        Setting("redis-url", TEXT, None, "sessions and retained messages; in memory when unset "
+                "(one node only)"),
+        Setting("redis-connections", INTEGER, 50, "connections to Redis at most; requests "
+                "beyond wait their turn", 2, 10_000, more="up to 10 s, rather than failing"),
+        Setting("redis-cluster", SWITCH, False, "--redis-url names a node of a Redis Cluster",
+                more="the node learns the others from it"),
+        Setting("redis-prefix", TEXT, DEFAULT_PREFIX, "key prefix in Redis"),
+        Setting("topic", TEXT, MESSAGES_TOPIC, "the log topic"),
+        Setting("partitions", INTEGER, DEFAULT_PARTITIONS, "partitions of the log topic",
+                1, 100_000, more="must equal the topic's"),
+        Setting("routing-depth", INTEGER, DEFAULT_ROUTING_DEPTH, "topic levels in the routing "
+                "key", 1, 64, more="hashed to pick a partition"),
+        Setting("max-packet-size", INTEGER, DEFAULT_MAX_PACKET_SIZE, "largest accepted packet, "
+                "bytes", 2, DEFAULT_MAX_PACKET_SIZE,
+                more="what the log topic accepts less 128 KiB for the record's framing"),
+        Setting("max-inflight", INTEGER, _LIMITS.max_inflight, "outbound QoS 1/2 messages in "
+                "flight per client", 1, 65535, into=LIMITS),
+        Setting("max-queued", INTEGER, _LIMITS.max_queued, "messages queued per client",
+                0, 10_000_000, into=LIMITS, more="a bound on memory, not on delivery: beyond it "
+                "QoS 1/2 messages are read back from the log when the client has room again, "
+                "QoS 0 ones are dropped (counted)"),
+        Setting("max-queued-bytes", INTEGER, _LIMITS.max_queued_bytes, "payload and topic bytes "
+                "queued per client; beyond, QoS 1/2 messages wait in the log and QoS 0 ones are "
+                "dropped", 1, 2**40, into=LIMITS, more="one more message may cross it; "
+                "Mosquitto's `max_queued_bytes` has no bound by default"),
+        Setting("max-subscriptions", INTEGER, _LIMITS.max_subscriptions, "topic filters per "
+                "client; a SUBSCRIBE beyond is refused (0x80); 0: no bound", 0, 10**9,
+                into=LIMITS, more="counted; Mosquitto and EMQX have no bound by default"),
+        Setting("max-share-groups", INTEGER, DEFAULT_MAX_SHARE_GROUPS, "$share groups with "
+                "members on this node (a Kafka consumer, about 4 threads, each); a $share filter "
+                "opening one more is refused (0x80); 0: none", 0, 10_000, more="counted"),
+        Setting("max-share-groups-per-client", INTEGER, DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT,
+                "$share filters per client; a SUBSCRIBE beyond is refused (0x80); 0: none",
+                0, 10_000, more="counted"),
+        Setting("max-retained", INTEGER, DEFAULT_MAX_RETAINED, "retained messages kept, "
+                f"cluster-wide; {_RECORDS}", 1, 10**10, more="`retained_over_limit`, logged "
+                "once a minute; Mosquitto has no bound, nor EMQX's `max_retained_messages` by "
+                "default"),
+        Setting("max-retained-bytes", INTEGER, DEFAULT_MAX_RETAINED_BYTES, "bytes of retained "
+                f"messages (topic and record) kept, cluster-wide; {_RECORDS}", 1024, 2**50),
+        Setting("session-expiry", SECONDS, DEFAULT_EXPIRY, "seconds a persistent session is "
+                "kept once its client is gone; 0: forever", high=MAX_SESSION_EXPIRY,
+                more="removed by Redis TTLs, counted by the nodes if Redis has "
+                "`notify-keyspace-events Ex` (nodes set it at start where allowed)"),
+        Setting("password-file", TEXT, None, "a mosquitto_passwd file (see `headwater passwd`); "
+                "anonymous clients refused; reread on SIGHUP", parse=_existing_file,
+                more="which disconnects the clients whose entry is gone or changed"),
+        Setting("acl-file", TEXT, None, "a Mosquitto acl_file; reread on SIGHUP",
+                parse=_existing_file, more="unset: all allowed but publishing to `$SYS`"),
+        Setting("allow-anonymous", SWITCH, None, "yes or no: clients that prove no identity may "
+                "connect, and get the acl_file's anonymous rules (a user name proves nothing "
+                "without --password-file or --use-identity-as-username); unset: yes without "
+                "either, no with one", into=OWN, more="Mosquitto 2.0's `allow_anonymous`, "
+                "which takes a user name as given; with `--acl-file` and no way to "
+                "authenticate, start-up stops unless it is `yes`"),
+        Setting("stats-listen", TEXT, None, "host:port for GET /stats (JSON); off when unset",
+                into=OWN, more="`GET /metrics` (Prometheus text format, the same counters); "
+                "`GET /live`; `GET /ready`: 200 while listening with Kafka writable and Redis "
+                "reachable and not draining, else 503 and the reasons (what `dev up`'s HAProxy "
+                "checks); see Operations"),
+        Setting("sys-interval", SECONDS, 10, "seconds between $SYS reports; 0: none",
+                high=86400, more="see Operations"),
+        Setting("log-level", TEXT, "INFO", "DEBUG, INFO, WARNING or ERROR", into=OWN,
+                parse=_choice(tuple(logging.getLevelNamesMapping()))),
+        Setting("log-format", TEXT, "text", "text, or json: one object per line (time, level, "
+                "logger, message, exception)", into=OWN, parse=_choice(LOG_FORMATS),
+                more="`time` in ISO 8601 UTC; either way a warning or error repeated within 10 s "
+                "(same logger and message template, e.g. one per client in a Redis outage) is "
+                "written once, then one line says how many more times it came and the last one"),
+    )
+}  # fmt: skip
+"""Every setting, in the order of ``--help``, the example file and the README."""
+
+
+def declared(name: str) -> Any:
+    """Setting ``name``'s declared default, checked and made its value."""
+    return SETTINGS[name].value(SETTINGS[name].text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; each default is its variable's text, else the declared one."""
+    p = argparse.ArgumentParser(prog="headwater frontend", description="Run one front-end node.")
+    for s in SETTINGS.values():
+        shape: dict[str, Any] = {"metavar": s.metavar or METAVARS.get(s.kind)}
+        if s.kind == SWITCH:
+            shape = {"action": "store_const"} if s.flag_only else {"nargs": "?"}
+            shape["const"] = "yes"
+        note = f"[{s.variable}{'=yes' if s.flag_only else ''}]"
+        default = os.environ.get(s.variable, s.text)
+        p.add_argument(s.flag, default=default, help=f"{s.help} {note}", **shape)
+    return p
+
+
+# -- the node's configuration ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Listener:
+    """One front door of a node (``frontend.listeners``)."""
+
+    kind: str
+    host: str
+    port: int
+    """0 until started: the port the system chose is written back."""
+
+
+@dataclass(slots=True)
+class TlsFiles:
+    """What the TLS listeners (``mqtts``, ``wss``) serve with; Mosquitto's listener settings."""
+
+    certfile: str
+    keyfile: str
+    cafile: str | None = None
+    """CA of client certificates: a certificate a client presents is verified against it."""
+    require_certificate: bool = False
+    """Refuse the TLS handshake of a client without a valid certificate."""
+    use_identity_as_username: bool = False
+    """The client certificate's CN is the user name, and no password is asked (implies
+    ``require_certificate``)."""
+
+
+@dataclass(slots=True)
+class NodeConfig:
+    """What a node runs with.  A field named as a setting (``routing_depth``, ``--routing-depth``)
+    means what :data:`SETTINGS` says and defaults to its declared default; the first seven are
+    given by a node built in code (``--listen`` makes ``host`` and ``port``)."""
+
+    node_id: str
+    host: str
+    port: int
+    kafka_bootstrap: str
+    redis_url: str | None
+    topic: str
+    partitions: int
+    routing_depth: int = declared("routing-depth")
+    max_packet_size: int = declared("max-packet-size")
+    connect_timeout: float = 15.0
+    """Seconds a connection has to send its CONNECT."""
+    password_file: str | None = declared("password-file")
+    acl_file: str | None = declared("acl-file")
+    allow_anonymous: bool | None = None
+    """None: exactly when the node has no way to authenticate (``frontend.auth``)."""
+    listeners: list[Listener] = field(default_factory=list)
+    """Front doors besides the plain MQTT one at ``host``:``port``."""
+    tls: TlsFiles | None = None
+    proxy_protocol: bool = declared("proxy-protocol")
+    reuse_port: bool = declared("reuse-port")
+    max_connections: int = field(
+        default_factory=lambda: default_max_connections(declared("redis-connections"))
+    )
+    max_connect_size: int = declared("max-connect-size")
+    max_will_size: int = declared("max-will-size")
+    max_buffered_bytes: int = declared("max-buffered-bytes")
+    proxy_allow: AllowList = field(default_factory=lambda: declared("proxy-allow"))
+    ws_origins: frozenset[str] = declared("ws-origins")
+    redis_prefix: str = declared("redis-prefix")
+    redis_connections: int = declared("redis-connections")
+    redis_cluster: bool = declared("redis-cluster")
+    session_expiry: float = declared("session-expiry")
+    stats_host: str | None = None
+    stats_port: int = 0
+    sys_interval: float = 0.0
+    """Off for a node built in code (tests count their own traffic); the command line's is 10."""
+    max_share_groups: int = declared("max-share-groups")
+    max_share_groups_per_client: int = declared("max-share-groups-per-client")
+    max_retained: int = declared("max-retained")
+    max_retained_bytes: int = declared("max-retained-bytes")
+    limits: Limits = field(default_factory=Limits)
+
+
+def config_from_args(args: argparse.Namespace) -> NodeConfig:
+    """The node's configuration: each setting checked alone, then the ones that go together."""
+    for required in (s for s in SETTINGS.values() if s.required):
+        if not getattr(args, required.dest):
+            raise ConfigError(f"{required.flag} / {required.variable} is required")
+    host, port = _listen_setting(args.listen, "--listen")
+    stats_host, stats_port = (
+        _listen_setting(args.stats_listen, "--stats-listen") if args.stats_listen else (None, 0)
+    )
+    node = _values(args, NODE)
+    if node["redis_cluster"] and not node["redis_url"]:
+        raise ConfigError("--redis-cluster / HEADWATER_REDIS_CLUSTER needs --redis-url")
+    listeners = _listeners(args)
+    identity = _identity_setting(args, listeners)
+    return NodeConfig(
+        **node,
+        host=host,
+        port=port,
+        stats_host=stats_host,
+        stats_port=stats_port,
+        allow_anonymous=anonymous_setting(
+            args.allow_anonymous, node["password_file"], node["acl_file"], identity
+        ),
+        listeners=listeners,
+        tls=_tls_setting(args, listeners),
+        max_connections=_max_connections_setting(args),
+        limits=Limits(**_values(args, LIMITS)),
+    )
+
+
+def _values(args: argparse.Namespace, into: str) -> dict[str, Any]:
+    """The checked values of the settings that go ``into`` a field of their name."""
+    chosen = (s for s in SETTINGS.values() if s.into == into)
+    return {s.dest: s.value(getattr(args, s.dest)) for s in chosen}
+
+
+def log_settings(args: argparse.Namespace) -> tuple[str, str]:
+    """The log level and format (``frontend.logs``), checked as every other setting is."""
+    return value_of(args, "log-level"), value_of(args, "log-format")
+
+
+def value_of(args: argparse.Namespace, name: str) -> Any:
+    """Setting ``name`` as ``args`` give it, checked."""
+    return SETTINGS[name].value(getattr(args, SETTINGS[name].dest))
 
 
 def _address(value: str, flag: str) -> tuple[str, str]:
@@ -489,18 +523,29 @@ def _address(value: str, flag: str) -> tuple[str, str]:
     return host, FileValue(port, value.origin) if isinstance(value, FileValue) else port
 
 
-def log_settings(args: argparse.Namespace) -> tuple[str, str]:
-    """The log level and format (``frontend.logs``), checked as every other setting is."""
-    levels = tuple(logging.getLevelNamesMapping())
-    level = _choice_setting(args.log_level, "--log-level", levels)
-    return level, _choice_setting(args.log_format, "--log-format", LOG_FORMATS)
+def _listen_setting(value: str, flag: str) -> tuple[str, int]:
+    host, port = _address(value, flag)
+    return host, _int_setting(port, flag, 0, 65535)
+
+
+def _listeners(args: argparse.Namespace) -> list[Listener]:
+    """The front doors besides the plain MQTT one."""
+    doors = (("mqtts", "tls-listen"), ("ws", "ws-listen"), ("wss", "wss-listen"))
+    return [
+        Listener(kind, *_listen_setting(value, SETTINGS[name].flag))
+        for kind, name in doors
+        if (value := getattr(args, SETTINGS[name].dest))
+    ]
+
+
+# -- settings that go together ---------------------------------------------------------------------
 
 
 def workers_setting(args: argparse.Namespace, config: NodeConfig) -> int:
     """How many processes serve the node (``frontend.workers``), 1..:data:`MAX_WORKERS`.  More
     than one share every listener's port, so none may be 0 (each worker would get another), and
     their HTTP ports, the stats port and the next ones, must exist and be no listener's."""
-    workers = _int_setting(args.workers, "--workers", 1, MAX_WORKERS)
+    workers: int = value_of(args, "workers")
     if workers == 1:
         return workers
     where = _label("--workers", args.workers)
@@ -526,95 +571,13 @@ def workers_setting(args: argparse.Namespace, config: NodeConfig) -> int:
     return workers
 
 
-def config_from_args(args: argparse.Namespace) -> NodeConfig:
-    if not args.node_id:
-        raise ConfigError("--node-id / HEADWATER_NODE_ID is required")
-    if not args.kafka_bootstrap:
-        raise ConfigError("--kafka-bootstrap / HEADWATER_KAFKA_BOOTSTRAP is required")
-    host, port = _address(args.listen, "--listen")
-    stats_host, stats_port = (
-        _address(args.stats_listen, "--stats-listen") if args.stats_listen else (None, "0")
-    )
-    for flag in ("--password-file", "--acl-file"):
-        _existing_file(getattr(args, flag[2:].replace("-", "_")), flag)
-    redis_cluster = _switch_setting(args.redis_cluster, "--redis-cluster")
-    if redis_cluster and not args.redis_url:
-        raise ConfigError("--redis-cluster / HEADWATER_REDIS_CLUSTER needs --redis-url")
-    limits = Limits(
-        max_inflight=_int_setting(args.max_inflight, "--max-inflight", 1, 65535),
-        max_queued=_int_setting(args.max_queued, "--max-queued", 0, 10_000_000),
-        max_queued_bytes=_int_setting(args.max_queued_bytes, "--max-queued-bytes", 1, 2**40),
-        max_subscriptions=_int_setting(args.max_subscriptions, "--max-subscriptions", 0, 10**9),
-    )
-    listeners = [
-        Listener(kind, *_listen_setting(value, flag))
-        for kind, flag in (
-            ("mqtts", "--tls-listen"),
-            ("ws", "--ws-listen"),
-            ("wss", "--wss-listen"),
-        )
-        if (value := getattr(args, flag[2:].replace("-", "_")))
-    ]
-    return NodeConfig(
-        node_id=args.node_id,
-        host=host,
-        port=_int_setting(port, "--listen", 0, 65535),
-        stats_host=stats_host,
-        stats_port=_int_setting(stats_port, "--stats-listen", 0, 65535),
-        sys_interval=_seconds_setting(args.sys_interval, "--sys-interval", 86400),
-        kafka_bootstrap=args.kafka_bootstrap,
-        redis_url=args.redis_url,
-        redis_prefix=args.redis_prefix,
-        redis_connections=_int_setting(args.redis_connections, "--redis-connections", 2, 10_000),
-        redis_cluster=redis_cluster,
-        session_expiry=_seconds_setting(
-            args.session_expiry, "--session-expiry", MAX_SESSION_EXPIRY
-        ),
-        topic=args.topic,
-        partitions=_int_setting(args.partitions, "--partitions", 1, 100_000),
-        routing_depth=_int_setting(args.routing_depth, "--routing-depth", 1, 64),
-        max_share_groups=_int_setting(args.max_share_groups, "--max-share-groups", 0, 10_000),
-        max_share_groups_per_client=_int_setting(
-            args.max_share_groups_per_client, "--max-share-groups-per-client", 0, 10_000
-        ),
-        max_retained=_int_setting(args.max_retained, "--max-retained", 1, 10**10),
-        max_retained_bytes=_int_setting(
-            args.max_retained_bytes, "--max-retained-bytes", 1024, 2**50
-        ),
-        max_packet_size=_int_setting(
-            args.max_packet_size, "--max-packet-size", 2, DEFAULT_MAX_PACKET_SIZE
-        ),
-        password_file=args.password_file,
-        acl_file=args.acl_file,
-        allow_anonymous=anonymous_setting(
-            args.allow_anonymous,
-            args.password_file,
-            args.acl_file,
-            _identity_setting(args, listeners),
-        ),
-        listeners=listeners,
-        tls=_tls_setting(args, listeners),
-        proxy_protocol=_switch_setting(args.proxy_protocol, "--proxy-protocol"),
-        reuse_port=_switch_setting(args.reuse_port, "--reuse-port"),
-        max_connections=_max_connections_setting(args),
-        max_connect_size=_int_setting(args.max_connect_size, "--max-connect-size", 64, 2**24),
-        max_will_size=_int_setting(args.max_will_size, "--max-will-size", 0, 65535),
-        max_buffered_bytes=_int_setting(
-            args.max_buffered_bytes, "--max-buffered-bytes", 1024 * 1024, 2**40
-        ),
-        proxy_allow=_proxy_allow_setting(args.proxy_allow),
-        ws_origins=_ws_origins_setting(args.ws_origins),
-        limits=limits,
-    )
-
-
 def anonymous_setting(
     value: str | None, password_file: str | None, acl_file: str | None, certificates: bool
 ) -> bool | None:
     """``--allow-anonymous``: None when unset.  An acl_file on a node with no way to
     authenticate would judge every client by its anonymous rules: start-up stops unless
     ``--allow-anonymous yes`` says that is meant (``headwater dev up`` asks the same)."""
-    allowed = None if value is None else _switch_setting(value, "--allow-anonymous")
+    allowed: bool | None = SETTINGS["allow-anonymous"].value(value)
     if acl_file and not password_file and not certificates and allowed is not True:
         raise ConfigError(
             f"{_label('--acl-file', acl_file)}: without --password-file or "
@@ -629,15 +592,7 @@ def _identity_setting(args: argparse.Namespace, listeners: list[Listener]) -> bo
     """Whether clients are known by their certificates (``--use-identity-as-username`` with a
     TLS listener)."""
     secure = any(lst.kind in ("mqtts", "wss") for lst in listeners)
-    return secure and _switch_setting(args.use_identity_as_username, "--use-identity-as-username")
-
-
-FILE_RESERVE = 200
-"""Open files a node keeps besides its clients' and Redis's: librdkafka's sockets to each broker
-and wake-up pipes (producer, reader, catch-up and share-group consumers), the listeners, the
-stats port, log files, the interpreter's own."""
-
-MIN_CONNECTIONS = 16
+    return secure and bool(value_of(args, "use-identity-as-username"))
 
 
 def default_max_connections(redis_connections: int) -> int:
@@ -651,40 +606,9 @@ def default_max_connections(redis_connections: int) -> int:
 
 def _max_connections_setting(args: argparse.Namespace) -> int:
     if args.max_connections is None:
-        redis = _int_setting(args.redis_connections, "--redis-connections", 2, 10_000)
-        return default_max_connections(redis)
-    return _int_setting(args.max_connections, "--max-connections", 1, 10**7)
-
-
-def _proxy_allow_setting(value: str) -> AllowList:
-    try:
-        return AllowList.parse(str(value))
-    except ValueError as exc:
-        raise ConfigError(f"{_label('--proxy-allow', value)}: {exc}") from None
-
-
-def _ws_origins_setting(value: str | None) -> frozenset[str]:
-    """Origins as browsers send them (RFC 6454): scheme://host[:port], compared in lower case."""
-    words = (word.strip().rstrip("/").lower() for word in (value or "").split(","))
-    origins = frozenset(word for word in words if word)
-    for origin in origins:
-        scheme, sep, host = origin.partition("://")
-        if not sep or not scheme or not host or "/" in host:
-            raise ConfigError(
-                f"{_label('--ws-origins', value)}: {origin!r} is not scheme://host[:port]"
-            )
-    return origins
-
-
-def _existing_file(path: str | None, flag: str) -> str | None:
-    if path and not os.path.isfile(path):
-        raise ConfigError(f"{_label(flag, path)}: no file {path}")
-    return path
-
-
-def _listen_setting(value: str, flag: str) -> tuple[str, int]:
-    host, port = _address(value, flag)
-    return host, _int_setting(port, flag, 0, 65535)
+        return default_max_connections(value_of(args, "redis-connections"))
+    value: int = value_of(args, "max-connections")
+    return value
 
 
 def _tls_setting(args: argparse.Namespace, listeners: list[Listener]) -> TlsFiles | None:
@@ -696,15 +620,15 @@ def _tls_setting(args: argparse.Namespace, listeners: list[Listener]) -> TlsFile
     ]
     if not secure:
         return None
-    for flag in ("--certfile", "--keyfile"):
-        if not getattr(args, flag[2:]):
-            raise ConfigError(f"{flag} / {_env_name(flag)} is required by {secure[0]}")
-        _existing_file(getattr(args, flag[2:]), flag)
-    identity = _switch_setting(args.use_identity_as_username, "--use-identity-as-username")
-    required = _switch_setting(args.require_certificate, "--require-certificate") or identity
+    for name in ("certfile", "keyfile"):
+        if not getattr(args, name):
+            raise ConfigError(f"--{name} / {variable_of(name)} is required by {secure[0]}")
+        _existing_file(getattr(args, name), f"--{name}")
+    identity = bool(value_of(args, "use-identity-as-username"))
+    required = bool(value_of(args, "require-certificate")) or identity
     if required and not args.cafile:
         flag = "--use-identity-as-username" if identity else "--require-certificate"
-        raise ConfigError(f"{flag} / {_env_name(flag)} needs --cafile")
+        raise ConfigError(f"{flag} / {variable_of(flag)} needs --cafile")
     return TlsFiles(
         args.certfile,
         args.keyfile,

@@ -1,8 +1,9 @@
-"""The configuration file: ``--config FILE`` or ``HEADWATER_CONFIG``, TOML read with ``tomllib``.
+"""The configuration file (``--config FILE`` or ``HEADWATER_CONFIG``, TOML read with ``tomllib``),
+and the documents generated from ``frontend.config.SETTINGS``.
 
-The keys are the names of ``frontend.config``'s flags without ``--`` (``max-inflight = 32``), so
-its parser stays the one list of settings: a key it lacks, or a value of the wrong TOML type (a
-flag's ``metavar`` says which, see ``frontend.config``), stops start-up naming the key and the file.
+A key is a setting's name (``max-inflight = 32``), of the TOML type its kind takes
+(``frontend.config.KINDS``): a key the table lacks, or a value of another type, stops start-up
+naming the key and the file.
 
 Precedence is flag > ``HEADWATER_*`` variable > file > default.  The parser's defaults already
 hold the variables, so a file value becomes its flag's default only where the variable is unset,
@@ -10,8 +11,9 @@ and a flag given on the command line overrides it as any default.  Values go on 
 (:class:`frontend.config.FileValue`, remembering ``key in FILE``), so the checks and their
 messages are those of flags and variables.
 
-``python -m frontend.config_file`` writes the commented example (``docs/headwater.example.toml``)
-from the parser: every key, its default and what it does.
+``python -m frontend.config_file`` prints the commented example (``docs/headwater.example.toml``:
+every key, its default and what it does); ``--readme`` prints the README's table of settings;
+``--write`` rewrites both files.  A unit test keeps each equal to what is rendered here.
 """
 
 from __future__ import annotations
@@ -20,29 +22,28 @@ import argparse
 import difflib
 import json
 import os
-import re
+import sys
 import tomllib
+from pathlib import Path
 from typing import Any
 
 from frontend.config import (
     INTEGER,
+    KINDS,
     SECONDS,
+    SETTINGS,
+    SWITCH,
     ConfigError,
     FileValue,
-    _env_name,
+    Setting,
     build_parser,
 )
 
-NOT_KEYS = ("help", "config")
-"""Flags without a key: a file names no other file."""
-
-TOML_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
-    "switch": ((bool,), "true or false"),
-    INTEGER: ((int,), "an integer"),
-    SECONDS: ((int, float), "a number of seconds"),
-    "text": ((str,), "a string"),
-}
-"""What a key of each kind takes (exact types: a TOML boolean is no integer)."""
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "docs" / "headwater.example.toml"
+README = ROOT / "README.md"
+TABLE_START = "<!-- settings table: python -m frontend.config_file --write -->"
+TABLE_END = "<!-- end of settings table -->"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,45 +51,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     path = _config_path(argv)
     if path:
-        parser.set_defaults(**file_defaults(parser, path))
+        parser.set_defaults(**file_defaults(path))
     return parser.parse_args(argv)
 
 
 def _config_path(argv: list[str] | None) -> str | None:
     early = argparse.ArgumentParser(add_help=False)
-    early.add_argument("--config", default=os.environ.get("HEADWATER_CONFIG"))
+    early.add_argument("--config", default=os.environ.get(SETTINGS["config"].variable))
     path: str | None = early.parse_known_args(argv)[0].config
     return path
 
 
-def keys(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """Every key a file may set -> its flag's action, in the order of ``--help``."""
-    return {
-        action.option_strings[-1].removeprefix("--"): action
-        for action in parser._actions
-        if action.option_strings and action.dest not in NOT_KEYS
-    }
+def keys() -> dict[str, Setting]:
+    """Every key a file may set, in the order of ``--help`` (a file names no other file)."""
+    return {name: setting for name, setting in SETTINGS.items() if setting.in_file}
 
 
-def kind(action: argparse.Action) -> str:
-    """``switch``, ``INTEGER``, ``SECONDS`` or ``text``: the key of :data:`TOML_TYPES`."""
-    if action.const == "yes":
-        return "switch"
-    return next((name for name in (INTEGER, SECONDS) if action.metavar == name), "text")
-
-
-def file_defaults(parser: argparse.ArgumentParser, path: str) -> dict[str, FileValue]:
+def file_defaults(path: str) -> dict[str, FileValue]:
     """The parser defaults the file at ``path`` sets: one per key whose variable is unset."""
-    known = keys(parser)
+    known = keys()
     defaults: dict[str, FileValue] = {}
     for key, value in _read(path).items():
-        action = known.get(key)
-        if action is None:
+        setting = known.get(key)
+        if setting is None:
             raise ConfigError(_unknown(key, path, list(known)))
         origin = f"{key} in {path}"
-        text = FileValue(_text(value, kind(action), origin), origin)
-        if _env_name(action.option_strings[-1]) not in os.environ:
-            defaults[action.dest] = text
+        text = FileValue(_text(value, setting.kind, origin), origin)
+        if setting.variable not in os.environ:
+            defaults[setting.dest] = text
     return defaults
 
 
@@ -110,12 +100,12 @@ def _unknown(key: str, path: str, known: list[str]) -> str:
     return f"{path}: unknown key {key!r}{hint}; the keys are the flags without --"
 
 
-def _text(value: object, key_kind: str, origin: str) -> str:
-    """``value`` as the text a flag would give, if it has the type ``key_kind`` takes."""
-    types, expected = TOML_TYPES[key_kind]
+def _text(value: object, kind: str, origin: str) -> str:
+    """``value`` as the text a flag would give, if it has the type ``kind`` takes."""
+    types, expected = KINDS[kind]
     if type(value) not in types:
         raise ConfigError(f"{origin}: {value!r} is not {expected}")
-    if key_kind == "switch":
+    if kind == SWITCH:
         return "yes" if value else "no"
     return str(value)
 
@@ -128,32 +118,73 @@ EXAMPLE_HEADER = """\
 # The values are the defaults; a key commented out is unset by default.
 # Generated from the flags: python -m frontend.config_file > docs/headwater.example.toml
 """
-_VARIABLE_NOTE = re.compile(r"\s*\[HEADWATER_[A-Z_]+(=yes)?\]$")
 
 
-def render_example(parser: argparse.ArgumentParser) -> str:
+def render_example() -> str:
     """The example file: per key, what it does and its default (commented out when unset)."""
     lines = [EXAMPLE_HEADER]
-    for key, action in keys(parser).items():
-        what = _VARIABLE_NOTE.sub("", action.help or "")
-        lines += [f"# {what}", _example_setting(key, action), ""]
+    for setting in keys().values():
+        lines += [f"# {setting.help}", _example_line(setting), ""]
     return "\n".join(lines)
 
 
-def _example_setting(key: str, action: argparse.Action) -> str:
-    default, key_kind = action.default, kind(action)
+def _example_line(setting: Setting) -> str:
+    key, default = setting.name, setting.default
     if default is None:
-        unset = "true" if key_kind == "switch" else '""'  # a TOML value of the key's type
+        unset = "true" if setting.kind == SWITCH else '""'  # a TOML value of the key's type
         return f"# {key} = {unset}"
-    if key_kind == "switch":
-        return f"{key} = {'true' if str(default).lower() in ('yes', 'true', '1') else 'false'}"
-    if key_kind in (INTEGER, SECONDS):
-        number = float(default)
-        return f"{key} = {int(number) if number.is_integer() else number}"
+    if isinstance(default, bool):
+        return f"{key} = {'true' if default else 'false'}"
+    if isinstance(default, float) and default.is_integer():
+        return f"{key} = {int(default)}"
     return f"{key} = {json.dumps(default)}"
 
 
+# -- the README's table ----------------------------------------------------------------------------
+
+_UNITS = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+
+
+def render_table() -> str:
+    """The README's table of settings: flag, variable, default, what it does."""
+    rows = ["| Flag | Variable | Default | |", "| --- | --- | --- | --- |"]
+    for s in SETTINGS.values():
+        what = f"{s.help}; {s.more}" if s.more else s.help
+        cells = (f"`{s.flag}`", f"`{s.variable}`", _shown(s), what.replace("|", "\\|"))
+        rows.append(f"| {' | '.join(cells)} |")
+    return "\n".join(rows) + "\n"
+
+
+def _shown(setting: Setting) -> str:
+    """A default as the README shows it: sizes in binary units too."""
+    default = setting.default
+    if setting.required:
+        return "(required)"
+    if default is None:
+        return "unset"
+    text = f"`{setting.text}`"
+    if setting.kind in (INTEGER, SECONDS) and ("size" in setting.name or "bytes" in setting.name):
+        unit = next(((size, name) for size, name in _UNITS if int(default) >= size), None)
+        return f"{text} ({int(default) / unit[0]:g} {unit[1]})" if unit else text
+    return text
+
+
+def with_table(readme: str) -> str:
+    """``readme`` with the text between its table markers rendered anew."""
+    head, start, rest = readme.partition(TABLE_START)
+    _, end, tail = rest.partition(TABLE_END)
+    if not start or not end:
+        raise ValueError(f"README.md lacks {TABLE_START} ... {TABLE_END}")
+    return f"{head}{start}\n{render_table()}{end}{tail}"
+
+
+def _main(argv: list[str]) -> None:
+    if "--write" in argv:
+        EXAMPLE.write_text(render_example())
+        README.write_text(with_table(README.read_text()))
+    else:
+        sys.stdout.write(render_table() if "--readme" in argv else render_example())
+
+
 if __name__ == "__main__":
-    for name in [name for name in os.environ if name.startswith("HEADWATER_")]:
-        del os.environ[name]  # the defaults, not this shell's settings
-    print(render_example(build_parser()), end="")
+    _main(sys.argv[1:])

@@ -58,7 +58,7 @@ from typing import Any, Protocol
 
 from frontend.mqtt import topics
 from frontend.mqtt.message import Message
-from frontend.sessions.redis import RedisClient
+from frontend.sessions.redis import DEFAULT_PREFIX, RedisClient
 from router import record
 from router.partitioner import routing_key
 from router.record import Record
@@ -298,7 +298,7 @@ class RedisRetainedStore:
         self,
         client: RedisClient,
         routing_depth: int,
-        prefix: str = "hw:",
+        prefix: str = DEFAULT_PREFIX,
         limits: RetainedLimits | None = None,
         cleared_for: float = CLEARED_FOR,
     ) -> None:

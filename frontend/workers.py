@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TextIO
 
-from frontend.config import NodeConfig, build_parser
+from frontend.config import SETTINGS, NodeConfig, build_parser
 
 log = logging.getLogger("headwater.workers")
 
-WORKERS_FLAG = "--workers"
-WORKERS_VARIABLE = "HEADWATER_WORKERS"
+WORKERS_FLAG = SETTINGS["workers"].flag
+WORKERS_VARIABLE = SETTINGS["workers"].variable
 BACKOFF_FIRST = 0.5
 """Seconds before a worker that exited is started again the first time."""
 BACKOFF_MOST = 10.0

@@ -39,6 +39,8 @@ _WORDS = struct.Struct("<I")
 
 CACHED_KEY_CHARS = 256
 """Routing keys longer than this are hashed each time, not cached (see :class:`Router`)."""
+DEFAULT_ROUTING_DEPTH = 2
+"""The depth of a cluster that sets none (``--routing-depth``): see "The depth trade-off"."""
 
 
 def routing_key(topic: str, depth: int) -> str:
@@ -99,7 +101,9 @@ class Router:
 
     __slots__ = ("_all", "_depth", "_num_partitions", "_route_key")
 
-    def __init__(self, num_partitions: int, depth: int = 2, cache_size: int = 65536) -> None:
+    def __init__(
+        self, num_partitions: int, depth: int = DEFAULT_ROUTING_DEPTH, cache_size: int = 65536
+    ) -> None:
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be at least 1, not {num_partitions}")
         if depth < 1:

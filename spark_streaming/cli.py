@@ -13,6 +13,7 @@ import sys
 
 from pyspark.errors import PySparkException
 
+from router.partitioner import DEFAULT_ROUTING_DEPTH
 from spark_streaming.jobs import JOBS
 from spark_streaming.options import (
     DEFAULT_TOPIC,
@@ -98,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--routing-depth",
         type=_positive,
-        default=2,
+        default=DEFAULT_ROUTING_DEPTH,
         help="mqtt sink: the front-ends' routing depth",
     )
     p.add_argument(

@@ -11,9 +11,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from router.partitioner import DEFAULT_ROUTING_DEPTH
+from router.topics import MESSAGES_TOPIC
+
 SINKS = ("console", "parquet", "mqtt", "memory", "noop")
 OUTPUT_MODES = ("append", "update")
-DEFAULT_TOPIC = "headwater.messages"
+DEFAULT_TOPIC = MESSAGES_TOPIC
 DEFAULT_TRIGGER = "processing-time=10 seconds"
 ANALYTICS_ORIGIN = "headwater-analytics"
 """``origin_node`` of the records the MQTT sink writes; jobs skip them unless asked not to."""
@@ -98,7 +101,7 @@ class JobOptions:
     min_active: int = 5
     silence: str = "5 minutes"
     mqtt_topic: str | None = None
-    routing_depth: int = 2
+    routing_depth: int = DEFAULT_ROUTING_DEPTH
     include_analytics: bool = False
     query_name: str | None = None
     shuffle_partitions: int = 4

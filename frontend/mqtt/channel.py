@@ -60,7 +60,12 @@ from frontend.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from frontend.mqtt.session import DEFAULT_MAX_QUEUED_BYTES, Session
+from frontend.mqtt.session import (
+    DEFAULT_MAX_INFLIGHT,
+    DEFAULT_MAX_QUEUED,
+    DEFAULT_MAX_QUEUED_BYTES,
+    Session,
+)
 
 
 class State(enum.Enum):
@@ -181,8 +186,8 @@ class Limits:
     """Per-connection limits: the queue bound is Mosquitto's, the in-flight window EMQX's (32;
     Mosquitto's 20 caps one subscriber's QoS 1 rate at 20 messages per round trip)."""
 
-    max_inflight: int = 32
-    max_queued: int = 1000
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+    max_queued: int = DEFAULT_MAX_QUEUED
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES
     """Payload and topic bytes a client's queue takes messages up to (one more message may
     cross it): beyond, as beyond ``max_queued``, QoS 1/2 messages are read back from the log

@@ -38,6 +38,10 @@ from frontend.mqtt.message import Message
 from frontend.mqtt.packets import Pubrel
 
 MAX_PACKET_ID = 65535
+DEFAULT_MAX_INFLIGHT = 32
+"""Outbound QoS 1/2 messages in flight per session: see ``Limits``."""
+DEFAULT_MAX_QUEUED = 1000
+"""Messages a session's queue takes: see ``Limits``."""
 DEFAULT_MAX_QUEUED_BYTES = 16 * 1024 * 1024
 """Bytes (payload and topic) a session's queue takes messages up to: see ``Limits``."""
 
@@ -153,8 +157,8 @@ class Session:
         self,
         client_id: str,
         clean: bool,
-        max_inflight: int = 32,
-        max_queued: int = 1000,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
+        max_queued: int = DEFAULT_MAX_QUEUED,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
     ) -> None:
         self.client_id = client_id

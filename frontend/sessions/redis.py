@@ -93,6 +93,8 @@ from router.batching import Batch
 
 RedisClient = aioredis.Redis | RedisCluster
 """One Redis server (or a primary with replicas), or a Redis Cluster."""
+DEFAULT_PREFIX = "hw:"
+"""What every key of a cluster starts with when it sets no other (``--redis-prefix``)."""
 
 ALIVE_SECONDS = 5
 EXPIRY_GRACE = 60.0
@@ -315,7 +317,7 @@ class RedisSessionStore:
     """The cluster-wide session store."""
 
     def __init__(
-        self, client: RedisClient, prefix: str = "hw:", expiry: float = DEFAULT_EXPIRY
+        self, client: RedisClient, prefix: str = DEFAULT_PREFIX, expiry: float = DEFAULT_EXPIRY
     ) -> None:
         self.redis = client
         self.prefix = prefix

@@ -38,7 +38,7 @@ from types import FrameType
 from typing import TextIO
 
 from frontend.auth import anonymous_allowed, anonymous_rule
-from frontend.config import ConfigError, anonymous_setting
+from frontend.config import SETTINGS, ConfigError, anonymous_setting
 from headwater.certs import DevCerts, ensure_dev_certs
 from headwater.devcluster.nodes import NodeSecurity, NodeSpec, launch_node, node_specs, wait_node
 from headwater.devcluster.state import (
@@ -69,7 +69,7 @@ from headwater.settings import (
 from router.topics import Replication, project_topics
 
 PORT_SETTING = "--port / HEADWATER_PORT"
-ALLOW_ANONYMOUS_ENV = "HEADWATER_ALLOW_ANONYMOUS"
+ALLOW_ANONYMOUS_ENV = SETTINGS["allow-anonymous"].variable
 """Passed on to every node (``--allow-anonymous``); `dev up` has no flag of its own for it."""
 DEFAULT_TLS_PORT = 8883
 DEFAULT_WS_PORT = 8080

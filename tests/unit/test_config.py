@@ -10,8 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from frontend.config import ConfigError, NodeConfig, build_parser, config_from_args, log_settings
-from frontend.config_file import keys, kind, parse_args, render_example
+from frontend.config import (
+    INTEGER,
+    LIMITS,
+    NODE,
+    SETTINGS,
+    TEXT,
+    ConfigError,
+    NodeConfig,
+    Setting,
+    build_parser,
+    config_from_args,
+    declared,
+    log_settings,
+)
+from frontend.config_file import README, keys, parse_args, render_example, render_table, with_table
+from frontend.mqtt.channel import Limits
 from headwater.devcluster.up import UpOptions, anonymous_line
 from headwater.errors import SettingError
 
@@ -88,19 +102,19 @@ def test_the_variable_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_every_flag_has_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     """The file yields to a variable by this name; the parser must read the same one."""
-    for key, action in keys(build_parser()).items():
+    for key, setting in keys().items():
         name = "HEADWATER_" + key.replace("-", "_").upper()
         monkeypatch.setenv(name, "from-the-variable")
-        assert build_parser().get_default(action.dest) == "from-the-variable", name
+        assert build_parser().get_default(setting.dest) == "from-the-variable", name
 
 
 def test_numeric_flags_take_toml_numbers() -> None:
-    """A flag with a numeric default needs ``metavar=INTEGER`` or ``SECONDS`` (its TOML type)."""
+    """A setting with a numeric default is of kind INTEGER or SECONDS (its TOML type)."""
     untyped = []
-    for key, action in keys(build_parser()).items():
+    for key, setting in keys().items():
         with contextlib.suppress(TypeError, ValueError):
-            float(action.default)
-            if kind(action) == "text":
+            float(setting.text or "")
+            if setting.kind == TEXT:
                 untyped.append(key)
     assert untyped == []
 
@@ -188,7 +202,7 @@ def example_keys() -> set[str]:
 
 
 def test_the_example_has_every_key_and_no_other() -> None:
-    parser_keys = set(keys(build_parser()))
+    parser_keys = set(keys())
     assert parser_keys - example_keys() == set(), "flags without a key in the example"
     assert example_keys() - parser_keys == set(), "keys of the example without a flag"
 
@@ -202,14 +216,64 @@ def test_the_example_holds_the_defaults() -> None:
 
 
 def test_the_example_is_generated_from_the_parser() -> None:
-    assert EXAMPLE.read_text() == render_example(build_parser()), (
-        "regenerate it: python -m frontend.config_file > docs/headwater.example.toml"
+    assert EXAMPLE.read_text() == render_example(), (
+        "regenerate it: python -m frontend.config_file --write"
     )
+
+
+def test_the_readme_table_is_generated_from_the_declarations() -> None:
+    readme = README.read_text()
+    assert readme == with_table(readme), "regenerate it: python -m frontend.config_file --write"
+    for setting in SETTINGS.values():
+        assert f"| `{setting.flag}` | `{setting.variable}` |" in render_table()
+
+
+# -- one declaration per setting -------------------------------------------------------------------
+
+
+def test_help_names_every_variable_and_switches_say_yes() -> None:
+    help_text = " ".join(build_parser().format_help().split())
+    for s in SETTINGS.values():
+        assert f"[{s.variable}{'=yes' if s.flag_only else ''}]" in help_text, s.name
+
+
+def test_a_node_built_in_code_gets_the_declared_defaults() -> None:
+    """What ``NodeConfig(...)`` leaves out is what the command line would give (but ``$SYS``
+    reports, off in code), and its limits are those of ``--max-inflight`` and the like."""
+    config = NodeConfig("n", "h", 0, "k", None, "t", 1)
+    given = {"node_id", "kafka_bootstrap", "redis_url", "topic", "partitions", "sys_interval"}
+    for s in SETTINGS.values():
+        if s.into == NODE and s.dest not in given:
+            assert getattr(config, s.dest) == declared(s.name), s.name
+        if s.into == LIMITS:
+            assert getattr(Limits(), s.dest) == declared(s.name), s.name
+    assert config.sys_interval == 0 and declared("sys-interval") == 10
+
+
+def test_a_default_must_be_of_its_kind() -> None:
+    with pytest.raises(TypeError, match="max-x"):
+        Setting("max-x", INTEGER, "32", "what it bounds")
+
+
+def test_the_log_topic_and_the_key_prefix_are_named_once() -> None:
+    """``headwater.messages`` lives in router/topics.py, ``hw:`` in frontend/sessions/redis.py;
+    the settings, the tooling and the analytics take them from there."""
+    root = EXAMPLE.parents[1]
+    homes = {'"headwater.messages"': "router/topics.py", '"hw:"': "frontend/sessions/redis.py"}
+    for literal, home in homes.items():
+        packages = ("frontend", "router", "headwater", "spark_streaming", "bench")
+        found = [
+            str(path.relative_to(root))
+            for package in packages
+            for path in sorted((root / package).rglob("*.py"))
+            if literal in path.read_text()
+        ]
+        assert found == [home], literal
 
 
 # -- anonymous clients -----------------------------------------------------------------------------
 
-NODE = ["--node-id", "n1", "--kafka-bootstrap", "k:9092"]
+NODE_ARGV = ["--node-id", "n1", "--kafka-bootstrap", "k:9092"]
 
 
 def test_an_acl_without_a_way_to_authenticate_stops_start_up_naming_the_settings(
@@ -217,12 +281,14 @@ def test_an_acl_without_a_way_to_authenticate_stops_start_up_naming_the_settings
 ) -> None:
     acl = tmp_path / "acl"
     acl.write_text("user alice\ntopic readwrite alice/#\n")
-    message = error([*NODE, "--acl-file", str(acl)])
+    message = error([*NODE_ARGV, "--acl-file", str(acl)])
     assert message.startswith("--acl-file / HEADWATER_ACL_FILE: ")
     for setting in ("--password-file", "--use-identity-as-username", "--allow-anonymous yes"):
         assert setting in message
-    assert "--allow-anonymous" in error([*NODE, "--acl-file", str(acl), "--allow-anonymous", "no"])
-    config = node_config([*NODE, "--acl-file", str(acl), "--allow-anonymous"])
+    assert "--allow-anonymous" in error(
+        [*NODE_ARGV, "--acl-file", str(acl), "--allow-anonymous", "no"]
+    )
+    config = node_config([*NODE_ARGV, "--acl-file", str(acl), "--allow-anonymous"])
     assert config.allow_anonymous is True
 
 
@@ -241,13 +307,13 @@ def test_allow_anonymous_is_a_switch_left_unset_by_default(
 ) -> None:
     if variable is not None:
         monkeypatch.setenv("HEADWATER_ALLOW_ANONYMOUS", variable)
-    assert node_config([*NODE, *argv]).allow_anonymous is expected
+    assert node_config([*NODE_ARGV, *argv]).allow_anonymous is expected
 
 
 def test_allow_anonymous_in_the_file_is_a_boolean(tmp_path: Path) -> None:
     config = node_config(["--config", write(tmp_path, REQUIRED + "allow-anonymous = false\n")])
     assert config.allow_anonymous is False
-    message = error([*NODE, "--allow-anonymous", "maybe"])
+    message = error([*NODE_ARGV, "--allow-anonymous", "maybe"])
     assert message == "--allow-anonymous / HEADWATER_ALLOW_ANONYMOUS: 'maybe' is not yes or no"
 
 
