@@ -39,7 +39,7 @@ from frontend.mqtt import channel as ch
 from frontend.mqtt.codec import ConnectBounds, Decoder, Wire
 from frontend.mqtt.errors import ProtocolError
 from frontend.mqtt.message import MessageStamps
-from frontend.mqtt.packets import ConnackCode, Connect, Packet, Pubrel
+from frontend.mqtt.packets import ConnackCode, Connect, Packet
 from frontend.mqtt.session import Outbound
 from frontend.publishing import Log, Publishing
 from frontend.sessions.manager import NotOwnerError, Owned, SessionManager
@@ -349,11 +349,7 @@ class MqttConnection(asyncio.Protocol):
         self.services.connections.discard(self)
         self._input.release()
         self._output.release()
-        if self.owned is not None:
-            deferred = self.publishing.take_deferred() if self.publishing else []
-            for out in deferred:  # kept for the stored session
-                self.owned.session.deliver(out, online=False)
-            self.services.sessions.release(self.owned)
+        self._let_go()
 
     def pause_writing(self) -> None:
         self._output.paused = True
@@ -421,8 +417,6 @@ class MqttConnection(asyncio.Protocol):
                     self._fail(error)
                     return
                 self.run(actions)
-                if isinstance(packet, Pubrel):
-                    self._publisher().released(packet.packet_id)
         finally:
             del held[:done]
             if not held:
@@ -460,6 +454,9 @@ class MqttConnection(asyncio.Protocol):
                 self.services.dispatcher.unsubscribe(self.channel.session, action.filters)
                 work = self.services.sessions.save(self.owned)
                 outages.in_background(work, self.channel.client_id, "saving the session")
+            elif isinstance(action, ch.ForgetQos2) and self.owned and self.owned.persistent:
+                work = self.services.sessions.unmark_received(self.owned, action.packet_id)
+                outages.in_background(work, self.channel.client_id, "forgetting a QoS 2 id")
 
     def _publisher(self) -> Publishing:
         if self.publishing is None:
@@ -517,12 +514,13 @@ class MqttConnection(asyncio.Protocol):
         services.deadlines.watch(self._input)  # the keep-alive from now on
 
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
-        assert self.owned is not None
+        owned = self.owned  # kept while the connection closes meanwhile: its session is stored
+        assert owned is not None
         sessions = self.services.sessions
         shares = self.services.dispatcher.shares  # beyond its bounds: 0x80 (router.shared)
-        action = action.refusing(shares.admit(self.owned.session, action.granted))
+        action = action.refusing(shares.admit(owned.session, action.granted))
         try:
-            starts, new = await sessions.subscribe(self.owned, action.granted)
+            starts, new = await sessions.subscribe(owned, action.granted)
         except outages.STORE_ERRORS as exc:
             self.run(outages.subscription_not_stored(self.channel, exc))
             return
@@ -532,7 +530,7 @@ class MqttConnection(asyncio.Protocol):
         self.services.subscriptions_refused += action.over_limit
         self.run(self.channel.subscribed(action))
         try:
-            await sessions.subscribed(self.owned, action.granted, new, starts)
+            await sessions.subscribed(owned, action.granted, new, starts)
         except outages.STORE_ERRORS as exc:
             self.run(outages.retained_unavailable(self.channel, exc))
 
@@ -541,13 +539,24 @@ class MqttConnection(asyncio.Protocol):
     def _close(self, action: ch.Close) -> None:
         if action.publish_will:
             will = self.channel.take_will()
-            if will is not None and self.channel.permissions.may_publish(will.topic):
-                self.services.sessions.wills.publish(will)  # the rules of now (SIGHUP)
+            if will is not None:
+                self.services.sessions.wills.publish(will)
         log.info("client %s closed: %s", _who(self), action.reason)
         self._output.flush()
         self._closed = True
         if self.transport is not None:
             self.transport.close()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Hand the session back as the connection closes, not a loop turn later when the
+        transport reports it: whoever closed it (a takeover) finds it released."""
+        owned, self.owned = self.owned, None
+        if owned is not None:
+            deferred = self.publishing.take_deferred() if self.publishing else []
+            for out in deferred:  # kept for the stored session
+                owned.session.deliver(out, online=False)
+            self.services.sessions.release(owned)
 
 
 __all__ = ["MqttConnection", "Services"]

@@ -127,13 +127,6 @@ class Publishing:
             self._produce(action)
         self.connection.update_reading()
 
-    def released(self, packet_id: int) -> None:
-        """A PUBREL: a persistent session forgets the QoS 2 packet id, in the background."""
-        owned = self.owned
-        if owned is not None and owned.persistent:
-            work = self.sessions.unmark_received(owned, packet_id)
-            outages.in_background(work, self.channel.client_id, "forgetting a QoS 2 packet id")
-
     def defer_own(self, out: Outbound) -> bool:
         """Hold back a message of this client's own still awaiting its acknowledgement."""
         if out.message.client_id == self.channel.client_id and self.channel.awaiting_log(

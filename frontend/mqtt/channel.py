@@ -143,7 +143,15 @@ class RemoveSubscriptions:
     filters: tuple[str, ...]
 
 
-Action = Send | Close | OpenSession | Produce | AddSubscriptions | RemoveSubscriptions
+@dataclass(slots=True)
+class ForgetQos2:
+    """The client released an inbound QoS 2 message (PUBREL): a stored session forgets that
+    ``packet_id`` awaits PUBREL, so a resend with it is a new message again."""
+
+    packet_id: int
+
+
+Action = Send | Close | OpenSession | Produce | AddSubscriptions | RemoveSubscriptions | ForgetQos2
 
 PINGRESP = encode(Pingresp())
 
@@ -292,9 +300,12 @@ class Channel:
         return self.connection_lost(f"keep-alive of {self.keep_alive}s expired")
 
     def take_will(self) -> Message | None:
-        """The will message to publish now, at most once."""
+        """The will message to publish now, at most once, if the client may still publish it
+        (the rules of now: a SIGHUP may have taken its topic away since the CONNECT)."""
         will, self._will = self._will, None
-        return None if will is None else will_message(will, self.client_id, self.stamps)
+        if will is None or not self.permissions.may_publish(will.topic):
+            return None
+        return will_message(will, self.client_id, self.stamps)
 
     # -- CONNECT ------------------------------------------------------------------------------
 
@@ -422,7 +433,8 @@ class Channel:
     def _on_pubrel(self, pubrel: Pubrel) -> list[Action]:
         assert self.session is not None
         self.session.release_qos2(pubrel.packet_id)
-        return self._reply_again(Pubcomp(pubrel.packet_id))  # [MQTT-4.3.3-2]
+        forget = ForgetQos2(pubrel.packet_id)
+        return [forget, *self._reply_again(Pubcomp(pubrel.packet_id))]  # [MQTT-4.3.3-2]
 
     def _on_pubcomp(self, pubcomp: Pubcomp) -> list[Action]:
         assert self.session is not None

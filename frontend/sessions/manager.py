@@ -256,9 +256,9 @@ class SessionManager:
 
     async def _release_local(self, client_id: str) -> bool:
         """Close our own connection of ``client_id`` and wait until it let go; False if there
-        was nothing to wait for (a stale lease)."""
+        was nothing to wait for (a stale lease).  A connection releases its session as it
+        closes, so the release is under way once ``take_over`` returns."""
         self.dispatcher.take_over(client_id)
-        await asyncio.sleep(0)
         releasing = self.saver.releasing.get(client_id)
         if releasing is None:
             return False

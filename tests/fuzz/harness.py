@@ -40,6 +40,7 @@ from frontend.mqtt.channel import (
     AddSubscriptions,
     Channel,
     Close,
+    ForgetQos2,
     Limits,
     OpenSession,
     Permissions,
@@ -412,6 +413,10 @@ class _Connection:
         for topic_filter in action.filters:
             self.session.subscriptions.pop(topic_filter, None)
 
+    def forget_qos2(self, action: ForgetQos2) -> None:
+        assert self.session is not None
+        assert action.packet_id not in (self.session.awaiting_rel or ()), "forgotten once released"
+
     @property
     def never_confirm(self) -> bool:
         return bool(self.plan.control & NEVER_CONFIRM)
@@ -461,4 +466,5 @@ _ACTIONS = {
     Produce: _Connection.produce,
     AddSubscriptions: _Connection.add_subscriptions,
     RemoveSubscriptions: _Connection.remove_subscriptions,
+    ForgetQos2: _Connection.forget_qos2,
 }

@@ -19,6 +19,7 @@ from frontend.mqtt.channel import (
     AddSubscriptions,
     Channel,
     Close,
+    ForgetQos2,
     Limits,
     OpenSession,
     Permissions,
@@ -26,6 +27,7 @@ from frontend.mqtt.channel import (
     RemoveSubscriptions,
     Send,
     State,
+    Unrestricted,
 )
 from frontend.mqtt.codec import Decoder, PublishTemplate
 from frontend.mqtt.errors import ConnectRefused, MalformedPacket, ProtocolError
@@ -129,7 +131,7 @@ CONNECTED_ACTIONS: dict[type, tuple[type, ...]] = {
     Publish: (Produce,),
     Puback: (),  # unknown id: nothing to release
     Pubrec: (Send,),
-    Pubrel: (Send,),
+    Pubrel: (ForgetQos2, Send),
     Pubcomp: (),
     Subscribe: (AddSubscriptions,),
     Unsubscribe: (RemoveSubscriptions, Send),
@@ -393,6 +395,24 @@ def _assert_is_the_will(message: Message | None, client_id: str = "c") -> None:
     assert (message.client_id, message.origin_node) == (client_id, NODE)
 
 
+def test_a_will_whose_topic_the_rules_took_away_is_not_published() -> None:
+    # the channel decides with the rules of now (a SIGHUP since the CONNECT), not the transport
+    class TopicTakenAway(Unrestricted):
+        def may_publish(self, topic: str) -> bool:
+            return topic != WILL.topic
+
+    channel = connected(Connect("c", will=WILL), permissions=TopicTakenAway())
+    (close,) = channel.connection_lost("gone")
+    assert isinstance(close, Close) and close.publish_will
+    assert channel.take_will() is None
+
+
+def test_pubrel_tells_a_stored_session_to_forget_the_packet_id() -> None:
+    channel = connected()
+    actions = channel.handle_in(Pubrel(7))
+    assert actions[0] == ForgetQos2(7) and sent(actions) == [Pubcomp(7)]
+
+
 @pytest.mark.parametrize(
     "end",
     [
@@ -557,19 +577,19 @@ def test_qos2_same_id_after_pubrel_is_a_new_message() -> None:
     channel = connected()
     t = ticket(channel.handle_in(Publish("a", b"x", 2, packet_id=5)))
     channel.produced(t)
-    assert only_sent(channel.handle_in(Pubrel(5))) == [Pubcomp(5)]
+    assert sent(channel.handle_in(Pubrel(5))) == [Pubcomp(5)]
     assert produce(channel.handle_in(Publish("a", b"y", 2, packet_id=5))).message.payload == b"y"
 
 
 def test_pubrel_is_answered_with_pubcomp_even_for_an_unknown_id() -> None:
     # [MQTT-4.3.3-2] PUBREL -> PUBCOMP with the same packet identifier
-    assert only_sent(connected().handle_in(Pubrel(321))) == [Pubcomp(321)]
+    assert sent(connected().handle_in(Pubrel(321))) == [Pubcomp(321)]
 
 
 def test_pubcomp_waits_behind_replies_still_awaiting_the_log() -> None:
     channel = connected()
     t = ticket(channel.handle_in(Publish("a", b"x", 1, packet_id=1)))
-    assert channel.handle_in(Pubrel(2)) == []
+    assert channel.handle_in(Pubrel(2)) == [ForgetQos2(2)]  # the PUBCOMP waits
     assert only_sent(channel.produced(t)) == [Puback(1), Pubcomp(2)]
 
 
@@ -691,7 +711,7 @@ def test_a_denied_publish_is_acknowledged_in_order_and_never_written() -> None:
     assert allowed.ticket is not None
     assert only_sent(channel.produced(allowed.ticket)) == [Puback(1), Puback(2)]
     assert only_sent(channel.handle_in(Publish("theirs/c", b"4", 2, packet_id=3))) == [Pubrec(3)]
-    assert only_sent(channel.handle_in(Pubrel(3))) == [Pubcomp(3)]
+    assert sent(channel.handle_in(Pubrel(3))) == [Pubcomp(3)]
 
 
 def test_the_subscription_bound_refuses_new_filters_beyond_it_only() -> None:
