@@ -195,17 +195,13 @@ def _who(connection: MqttConnection) -> str:
 
 class _Input(Decoder):
     """Packets in: decoded from the socket and held, in order, until handled (the decoder
-    itself, so that a connection has one object for it, not two); and the deadline the client
-    must be heard from by, as the node's wheel sees it (``frontend.deadlines``)."""
+    itself, so that a connection has one object for it, not two), and when the client was
+    last heard from."""
 
-    __slots__ = ("connection", "held", "last_seen", "opened", "paused", "slot")
+    __slots__ = ("held", "last_seen", "opened", "paused")
 
-    def __init__(self, connection: MqttConnection, now: float) -> None:
-        services = connection.services
+    def __init__(self, services: Services, now: float) -> None:
         super().__init__(services.max_packet_size, services.connect_bounds)
-        connection.services.traffic.connections_opened += 1  # one _Input per connection
-        self.connection = connection
-        self.slot: int | None = None
         self.held: list[Packet] | None = None
         """Decoded, not handled yet, in order (None when there are none)."""
         self.opened = self.last_seen = now
@@ -213,54 +209,23 @@ class _Input(Decoder):
         clock)."""
         self.paused = False
 
-    def take(self, data: bytes, now: float) -> None:
+    def take(self, data: bytes, now: float, buffers: Budget) -> None:
         """Hold the packets ``data`` completes; raises :class:`ProtocolError`.  What the
-        decoder keeps of a packet not complete yet is counted in the node's budget."""
+        decoder keeps of a packet not complete yet is counted in the node's ``buffers``."""
         self.last_seen = now
-        services = self.connection.services
-        services.traffic.bytes_received += len(data)
         before = self.buffered()
         try:
             packets = self.feed(data)
         finally:
             if self.buffered() != before:
-                services.buffers.change(self.buffered() - before)
+                buffers.change(self.buffered() - before)
         if self.held is None:
             self.held = packets
         else:
             self.held += packets
 
-    def release(self) -> None:
-        """The connection is gone: its partial packet leaves the budget, and it stops waiting."""
-        buffers = self.connection.services.buffers
-        buffers.change(-self.buffered())
-        buffers.waiting.discard(self.connection)
-
-    def due(self) -> float | None:
-        """The CONNECT deadline, then 1.5 x keep-alive after the client was last heard from
-        [MQTT-3.1.2-24] (none with a keep-alive of 0)."""
-        channel = self.connection.channel
-        if channel.state is ch.State.CONNECTING:
-            return self.opened + self.connection.services.connect_timeout
-        if channel.state is ch.State.CONNECTED and channel.keep_alive > 0:
-            return self.last_seen + channel.keep_alive * 1.5
-        return None
-
-    def expire(self) -> None:
-        channel = self.connection.channel
-        if channel.state is ch.State.CONNECTING:
-            self.connection.services.connect_timeouts += 1
-            self.connection.run(channel.connection_lost("no CONNECT in time"))
-        elif channel.state is ch.State.CONNECTED:
-            self.connection.run(channel.keep_alive_expired())
-
     def press(self, transport: asyncio.Transport, pressed: bool) -> None:
-        """Stop reading ``transport`` while ``pressed`` or the node's buffer budget is spent
-        (``frontend.buffers``: it resumes the connection), read again once neither."""
-        buffers = self.connection.services.buffers
-        if buffers.spent():
-            buffers.wait(self.connection)
-            pressed = True
+        """Stop reading ``transport`` while ``pressed``, read again once not."""
         if pressed != self.paused:
             self.paused = pressed
             if pressed:
@@ -300,6 +265,7 @@ class MqttConnection(asyncio.Protocol):
         "peer",
         "publishing",
         "services",
+        "slot",
         "transport",
     )
 
@@ -318,7 +284,10 @@ class MqttConnection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._busy = False
         self._output = _Output(services.writes, services.traffic, services.buffers)
-        self._input = _Input(self, self._loop.time())
+        self._input = _Input(services, self._loop.time())
+        services.traffic.connections_opened += 1
+        self.slot: int | None = None
+        """Where the node's deadline wheel filed this connection (``frontend.deadlines``)."""
         self._closed = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -329,11 +298,12 @@ class MqttConnection(asyncio.Protocol):
         # asyncio's default 64 KiB would count one large message as a backed-up client.
         self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self.services.connections.add(self)
-        self.services.deadlines.watch(self._input)
+        self.services.deadlines.watch(self)
 
     def data_received(self, data: bytes) -> None:
+        self.services.traffic.bytes_received += len(data)
         try:
-            self._input.take(data, self._loop.time())
+            self._input.take(data, self._loop.time(), self.services.buffers)
         except ProtocolError as error:
             # kept by the decoder: its traceback would keep ``data`` (a read) until a rare GC
             self._fail(error.with_traceback(None))
@@ -345,9 +315,11 @@ class MqttConnection(asyncio.Protocol):
         reason = f"socket error: {exc}" if exc else "connection closed by the client"
         self.run(self.channel.connection_lost(reason))
         self._closed = True
-        self.services.deadlines.forget(self._input)
+        self.services.deadlines.forget(self)
         self.services.connections.discard(self)
-        self._input.release()
+        buffers = self.services.buffers  # its partial packet leaves the budget; it waits no more
+        buffers.change(-self._input.buffered())
+        buffers.waiting.discard(self)
         self._output.release()
         self._let_go()
 
@@ -359,6 +331,23 @@ class MqttConnection(asyncio.Protocol):
         if self.channel.session is not None:
             for data in self.channel.session.drain():
                 self._output.write(data)
+
+    def due(self) -> float | None:
+        """The CONNECT deadline, then 1.5 x keep-alive after the client was last heard from
+        [MQTT-3.1.2-24] (none with a keep-alive of 0)."""
+        channel = self.channel
+        if channel.state is ch.State.CONNECTING:
+            return self._input.opened + self.services.connect_timeout
+        if channel.state is ch.State.CONNECTED and channel.keep_alive > 0:
+            return self._input.last_seen + channel.keep_alive * 1.5
+        return None
+
+    def expire(self) -> None:
+        if self.channel.state is ch.State.CONNECTING:
+            self.services.connect_timeouts += 1
+            self.run(self.channel.connection_lost("no CONNECT in time"))
+        elif self.channel.state is ch.State.CONNECTED:
+            self.run(self.channel.keep_alive_expired())
 
     def address(self) -> tuple[str, int] | None:
         """The client's address: as the load balancer saw it, or the socket's peer."""
@@ -476,14 +465,23 @@ class MqttConnection(asyncio.Protocol):
         self._drain()
 
     def update_reading(self) -> None:
-        if self.transport is not None and not self._closed:
-            self._input.press(
-                self.transport,
-                self.channel.pending_publishes >= self.services.limits.max_pending_publishes
-                or len(self._input.held or ()) >= DRAIN_BUDGET
-                or bool(self.publishing and self.publishing.blocked)
-                or self.services.draining,
-            )
+        """Read while nothing holds the connection back: too many PUBLISHes awaiting the log,
+        packets piled up, the producer full, the node draining, or its buffer budget spent
+        (``frontend.buffers``: it resumes the connection)."""
+        if self.transport is None or self._closed:
+            return
+        buffers = self.services.buffers
+        spent = buffers.spent()
+        if spent:
+            buffers.wait(self)
+        self._input.press(
+            self.transport,
+            spent
+            or self.channel.pending_publishes >= self.services.limits.max_pending_publishes
+            or len(self._input.held or ()) >= DRAIN_BUDGET
+            or bool(self.publishing and self.publishing.blocked)
+            or self.services.draining,
+        )
 
     # -- CONNECT and SUBSCRIBE ------------------------------------------------------------------
 
@@ -511,7 +509,7 @@ class MqttConnection(asyncio.Protocol):
             return
         self.owned, present = opened
         self.run(self.channel.session_opened(self.owned.session, present, login.access))
-        services.deadlines.watch(self._input)  # the keep-alive from now on
+        services.deadlines.watch(self)  # the keep-alive from now on
 
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
         owned = self.owned  # kept while the connection closes meanwhile: its session is stored

@@ -14,7 +14,7 @@ class Reader:
         self.paused = False
 
     def update_reading(self) -> None:
-        """What a connection does with the budget after each read (``_Input.press``)."""
+        """What a connection does with the budget after each read (``update_reading``)."""
         self.paused = self.budget.spent()
         if self.paused:
             self.budget.wait(self)
