@@ -31,6 +31,9 @@ help:
 	@echo "              fan-in: where the microseconds per message go (docs/benchmarks.md,"
 	@echo "              flame graphs in docs/flame; PROFILE_ARGS=\"--seconds 3 --no-write\")"
 	@echo "make install  apt packages, .venv, the project with [$(EXTRAS)], Kafka's jars, MQTT.js"
+	@echo "make compose-up    install what is missing, then start docker/docker-compose.yml and"
+	@echo "                   wait for every front-end's /ready (README \"Docker\")"
+	@echo "make compose-down  stop and remove the stack's containers (VOLUMES=1: its data too)"
 	@echo "make lint     ruff check, ruff format --check, mypy"
 	@echo "make docs     render docs/design.md to docs/design.pdf (installs markdown-pdf into .venv)"
 	@echo "make clean    remove caches and the .headwater state dir (distclean: also .venv)"
@@ -76,7 +79,7 @@ $(JS_STAMP): $(JS_DIR)/package.json $(JS_DIR)/package-lock.json
 	cd $(JS_DIR) && npm ci --no-audit --no-fund
 	@touch $@
 
-test: install
+test: install compose-plugin
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q
@@ -124,3 +127,42 @@ ANALYTICS_ARGS ?=
 .PHONY: analytics
 analytics: $(INSTALL_STAMP)
 	$(VENV)/bin/headwater analytics $(ANALYTICS_JOB) $(ANALYTICS_ARGS)
+
+# Containers (README "Docker"): `compose-up` installs what is missing (Debian's docker.io where no
+# engine answers, Docker Compose v2 built from its Go module where `docker compose` is missing),
+# then headwater/compose.py starts dockerd if needed, builds a Debian base image where no registry
+# answers, writes docker/.env once, builds the images and starts the stack, waiting for /ready.
+# `compose-down` removes the containers (VOLUMES=1: the volumes too).
+COMPOSE_VERSION ?= v2.29.7
+COMPOSE_PLUGINS := $(if $(SUDO),$(HOME)/.docker/cli-plugins,/usr/local/lib/docker/cli-plugins)
+VOLUMES ?=
+.PHONY: compose-up compose-down docker-engine compose-plugin
+
+docker-engine:
+	@export PATH="$$PATH:/usr/local/sbin:/usr/sbin:/sbin"; \
+	if ! docker info >/dev/null 2>&1 && ! command -v dockerd >/dev/null 2>&1; then \
+		echo "apt-get install: docker.io"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io; \
+	fi
+
+compose-plugin: docker-engine
+	@export PATH="$$PATH:/usr/local/go/bin"; \
+	if ! docker compose version >/dev/null 2>&1; then \
+		command -v go >/dev/null 2>&1 || { \
+			echo "docker compose (v2) is missing: install Go 1.21+ to build it" >&2; exit 1; }; \
+		echo "building Docker Compose $(COMPOSE_VERSION) from its Go module (a few minutes)"; \
+		bin=$$(mktemp -d); \
+		GOBIN=$$bin go install -ldflags "-s -w -X \
+			github.com/docker/compose/v2/internal.Version=$(COMPOSE_VERSION)" \
+			github.com/docker/compose/v2/cmd@$(COMPOSE_VERSION); \
+		mkdir -p $(COMPOSE_PLUGINS); \
+		install -m 755 $$bin/cmd $(COMPOSE_PLUGINS)/docker-compose; \
+		rm -rf $$bin; \
+	fi
+
+compose-up: $(INSTALL_STAMP) compose-plugin
+	$(PY) -m headwater.compose up
+
+compose-down: $(INSTALL_STAMP)
+	$(PY) -m headwater.compose down $(if $(VOLUMES),--volumes)

@@ -37,6 +37,7 @@ from frontend.proxy_protocol import LOOPBACK, AllowList
 from frontend.retained import DEFAULT_MAX_RETAINED, DEFAULT_MAX_RETAINED_BYTES
 from frontend.sessions.redis import DEFAULT_PREFIX
 from frontend.sessions.store import DEFAULT_EXPIRY
+from router.log import security_settings
 from router.partitioner import DEFAULT_ROUTING_DEPTH
 from router.shared import DEFAULT_MAX_SHARE_GROUPS, DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT
 from router.topics import DEFAULT_PARTITIONS, MAX_RECORD_BYTES, MESSAGES_TOPIC
@@ -150,6 +151,16 @@ def _existing_file(path: str | None, flag: str) -> str | None:
     if path and not os.path.isfile(path):
         raise ConfigError(f"{_label(flag, path)}: no file {path}")
     return path
+
+
+def _kafka_config(path: str | None, flag: str) -> dict[str, str]:
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as file:
+            return security_settings(file.read())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{_label(flag, path)}: {exc}") from None
 
 
 def _allow_list(value: str, flag: str) -> AllowList:
@@ -300,6 +311,11 @@ SETTINGS: dict[str, Setting] = {
                 parse=_origins, metavar="ORIGIN[,ORIGIN]"),
         Setting("kafka-bootstrap", TEXT, None, "Kafka bootstrap servers, required",
                 required=True),
+        Setting("kafka-config", TEXT, None, "a file of librdkafka security settings, key=value "
+                "lines (security.protocol, sasl.*, ssl.*), for every Kafka client of the node",
+                parse=_kafka_config, metavar="FILE",
+                more="e.g. `security.protocol=SASL_SSL`, `sasl.mechanism=PLAIN`, "
+                "`sasl.username`, `sasl.password`, `ssl.ca.location`; other keys stop start-up"),
         Setting("redis-url", TEXT, None, "sessions and retained messages; in memory when unset "
                 "(one node only)"),
         Setting("redis-connections", INTEGER, 50, "connections to Redis at most; requests "
@@ -458,6 +474,8 @@ class NodeConfig:
     redis_prefix: str = declared("redis-prefix")
     redis_connections: int = declared("redis-connections")
     redis_cluster: bool = declared("redis-cluster")
+    kafka_config: dict[str, str] = field(default_factory=dict)
+    """librdkafka's security settings for every Kafka client (``--kafka-config``)."""
     session_expiry: float = declared("session-expiry")
     stats_host: str | None = None
     stats_port: int = 0

@@ -25,6 +25,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from router.retry import Retries
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -145,6 +147,9 @@ DENIED = {
 }
 """``/stats`` key -> ``action`` of ``headwater_denials_total``."""
 
+RETRIED = {f"kafka_retries_{what}": what for what in Retries.KINDS}
+"""``/stats`` key -> ``what`` of ``headwater_kafka_retries_total`` (``router.retry``)."""
+
 
 def _labelled(
     name: str, doc: str, label: str, stats: dict[str, Any], keys: dict[str, str]
@@ -212,6 +217,11 @@ class SnapshotCollector(Collector):
         yield _labelled(
             "headwater_denials", "What authentication and the ACLs refused, by action.",
             "action", stats, DENIED,
+        )  # fmt: skip
+        yield _labelled(
+            "headwater_kafka_retries", "Reads of the log made again after a leader election or "
+            "a short outage: watermark queries, live and catch-up consume calls, fetch errors.",
+            "what", stats, RETRIED,
         )  # fmt: skip
         yield _by_qos(
             "headwater_messages_received",

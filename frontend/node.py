@@ -26,7 +26,9 @@ import gc
 import logging
 import signal
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -113,7 +115,10 @@ class Node:
         self.config = config
         self.router = Router(config.partitions, config.routing_depth)
         self.log = KafkaLog(
-            LogSettings(config.kafka_bootstrap, config.topic, config.node_id), self.router
+            LogSettings(
+                config.kafka_bootstrap, config.topic, config.node_id, security=config.kafka_config
+            ),
+            self.router,
         )
         shares = ShareLimits(config.max_share_groups, config.max_share_groups_per_client)
         self.dispatcher = Dispatcher(self.log, self.router, shares)
@@ -335,8 +340,25 @@ class Node:
                 await asyncio.wait_for(stop(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 log.warning(
-                    "node %s: %s did not stop in time; exiting anyway", self.config.node_id, name
-                )
+                    "node %s: %s did not stop in time; exiting anyway; still waiting:\n%s",
+                    self.config.node_id, name, still_waiting(),
+                )  # fmt: skip
+
+
+def still_waiting() -> str:
+    """Where every task of the loop and every other thread is now: what a drain that ran out
+    of time was waiting for."""
+    lines: list[str] = []
+    for task in asyncio.all_tasks():
+        if task is not asyncio.current_task():
+            frames = task.get_stack()
+            where = "".join(traceback.format_stack(frames[-1], 1)) if frames else "(no frame)\n"
+            lines.append(f"task {task.get_name()}: {task.get_coro()!r} at {where.strip()}")
+    current = threading.get_ident()
+    for ident, frame in sys._current_frames().items():
+        if ident != current:
+            lines.append(f"thread {ident}: {''.join(traceback.format_stack(frame, 3)).strip()}")
+    return "\n".join(lines)
 
 
 class QueuedCluster(RedisCluster):

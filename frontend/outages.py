@@ -14,12 +14,15 @@ PUBLISH QoS 1/2        Kafka refused or lost the record            no PUBACK/PUB
 PUBLISH retained,      Redis error storing the retained message    no PUBACK/PUBREC; close
 QoS 2 persistent       or the QoS 2 packet id after the write
 SUBSCRIBE              Kafka cannot say where partitions end       SUBACK 0x80 for every filter
+                       within ``OUTAGE_SECONDS`` (asked again)
 SUBSCRIBE, persistent  Redis error storing the subscription        no SUBACK; close (the client
                                                                    subscribes again on reconnect)
 after SUBACK           Redis error reading retained messages       close (they come with the next
                                                                    SUBSCRIBE)
-catching up (resumed   the log unreadable while catching up        close; the stored positions stay,
-or queue full)                                                     the next connection catches up
+catching up (resumed   the log unreadable for ``OUTAGE_SECONDS``   close; the stored positions stay,
+or queue full)         (60 s, ``router.retry``); a leader          the next connection catches up
+                       election or a restart within it is ridden
+                       out (retried, counted)
 session save, release  Redis error                                 nothing; logged, the next save
                                                                    retries
 =====================  ==========================================  =================================
@@ -108,7 +111,9 @@ def retained_unavailable(channel: ch.Channel, exc: Exception) -> list[ch.Action]
 
 
 def catch_up_failed(channel: ch.Channel, exc: BaseException) -> list[ch.Action]:
-    """The missed messages could not be read: close rather than go live past them."""
+    """The missed messages could not be read for ``router.retry.OUTAGE_SECONDS`` (a leader
+    election or a short outage is retried before this): the node cannot serve the client,
+    so close rather than go live past them."""
     log.error("client %s: catching up failed (%r); closing", channel.client_id, exc)
     return channel.connection_lost("catching up failed")
 

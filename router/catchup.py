@@ -15,6 +15,11 @@ the waking cursor.  The log is the queue: a
 catching-up session never loses a message to its queue bound, and a slow one does not hold the
 fast ones back.
 
+A leader election or a short outage is ridden out: the consumer fetches again by itself, a consume
+call that raises is not made again before a backoff (counted as ``catch_up`` retries,
+``router.retry``), and a cursor fails only after ``STALL_SECONDS`` without a record it could take:
+the node then cannot serve that session, whose connection is closed (``frontend.outages``).
+
 Invariants: a cursor's offsets only grow; a record is handed to a cursor at most once (only at or
 after its position, which then moves past it); a partition is assigned exactly while some cursor
 that can take more needs it, at the lowest such cursor's position or below.  Re-assigning a
@@ -32,11 +37,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from router.record import Record
+from router.retry import OUTAGE_SECONDS, Backoff, Retries
 
 log = logging.getLogger("headwater.catchup")
 
-STALL_SECONDS = 30.0
-"""A cursor that could take records but got none for this long fails (its range is unreadable)."""
+STALL_SECONDS = OUTAGE_SECONDS
+"""A cursor that could take records but got none for this long fails: its range is unreadable,
+Kafka having answered no fetch for as long as the node rides out an outage (``router.retry``)."""
 
 STASH_LIMIT = 2000
 """Records a waiting cursor keeps at most (references to records fetched anyway)."""
@@ -115,11 +122,15 @@ class CatchUp:
         topic: str,
         batch: int,
         decode: Callable[[list[Any]], list[Record]],
+        retries: Retries | None = None,
     ) -> None:
         self.consumer = consumer
         self.topic = topic
         self.batch = batch
         self._decode = decode
+        self.retries = retries or Retries()
+        self._backoff = Backoff()
+        """The consumer's pause after a consume call failed."""
         self.cursors: set[Cursor] = set()
         self._by_partition: dict[int, set[Cursor]] = {}
         self._reading: dict[int, int] = {}
@@ -163,11 +174,18 @@ class CatchUp:
             self._aim()
         if not self._reading or not self._active:
             return False
+        backoff = self._backoff
+        if backoff.until and time.monotonic() < backoff.until:
+            return False
         try:
             raw = self.consumer.consume(self.batch, 0)
         except (KafkaException, RuntimeError) as exc:
-            log.warning("catch-up consume failed: %s", exc)
+            paused = backoff.failed(time.monotonic())
+            self.retries.count("catch_up")
+            log.warning("catch-up consume failed: %s; trying again in %.2f s", exc, paused)
             return False
+        if backoff.until:
+            backoff.succeeded()
         for rec in self._decode(raw):
             self._hand(rec)
         return bool(raw)

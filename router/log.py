@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -37,6 +37,7 @@ from router import record
 from router.batching import Batch
 from router.partitioner import Router
 from router.reader import LogReader
+from router.retry import ATTEMPT_SECONDS, Retries, retried
 from router.topics import MAX_RECORD_BYTES
 
 log = logging.getLogger("headwater.log")
@@ -83,22 +84,6 @@ class LatencyHistogram:
                 "sum_seconds": self.sum}  # fmt: skip
 
 
-_TRANSIENT = frozenset({
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError.REQUEST_TIMED_OUT,
-    KafkaError._TRANSPORT,
-    KafkaError._TIMED_OUT,
-})  # fmt: skip
-"""Errors a leader election or a moment's outage explains: worth asking again."""
-
-
-def _transient(exc: KafkaException) -> bool:
-    error = exc.args[0] if exc.args else None
-    return isinstance(error, KafkaError) and (error.retriable() or error.code() in _TRANSIENT)
-
-
 @dataclass(slots=True)
 class LogSettings:
     bootstrap: str
@@ -108,6 +93,30 @@ class LogSettings:
     delivery_timeout_ms: int = 30_000
     queue_max_messages: int = 100_000
     fetch_batch: int = 1000
+    security: Mapping[str, str] = field(default_factory=dict)
+    """librdkafka's ``security.protocol``, ``sasl.*`` and ``ssl.*`` settings (``--kafka-config``),
+    given to every client of the log: producer, consumers and admin client alike."""
+
+
+SECURITY_KEYS = ("security.protocol", "sasl.", "ssl.")
+"""What ``--kafka-config`` may set: librdkafka's security settings, nothing that changes how the
+log behaves (acks, batching, timeouts stay the node's)."""
+
+
+def security_settings(text: str) -> dict[str, str]:
+    """librdkafka settings from a properties file's text: ``key=value`` lines, ``#`` comments.
+    ValueError names a line that is not ``key=value`` or a key not in :data:`SECURITY_KEYS`."""
+    settings = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = (part.strip() for part in line.partition("="))
+        if not sep or not key:
+            raise ValueError(f"line {number} is not key=value")
+        if not (key == SECURITY_KEYS[0] or key.startswith(SECURITY_KEYS[1:])):
+            raise ValueError(f"line {number}: {key} is none of security.protocol, sasl.*, ssl.*")
+        settings[key] = value
+    return settings
 
 
 class Outbox:
@@ -171,13 +180,15 @@ class KafkaLog:
         self.produced = 0
         self.produce_errors = 0
         self.latency = LatencyHistogram()
-        self.reader = LogReader(settings.topic, settings.fetch_batch)
+        self.retries = Retries()
+        """Reads made again after a leader election or a short outage (``router.retry``)."""
+        self.reader = LogReader(settings.topic, settings.fetch_batch, self.retries)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._producer: Producer | None = None
         self._running = False
         self._pump_handle: asyncio.Handle | None = None
         self._idle_looks = 0
-        self.watermarks = Watermarks(settings.topic)
+        self.watermarks = Watermarks(settings.topic, self.retries)
         self._probing: asyncio.Future[None] | None = None
         self._reports: list[tuple[DeliveryCallback, int, int, str | None]] = []
         self._blocked: list[Callable[[], None]] = []
@@ -197,6 +208,7 @@ class KafkaLog:
             # librdkafka backs off reconnecting up to 10 s by default: a broker that is back
             # would wait that long for its first PUBLISH; 1 s at most bounds it.
             "reconnect.backoff.max.ms": 1000,
+            **self.settings.security,
         }
 
     def consumer(self, group_id: str, **config: Any) -> Consumer:
@@ -415,32 +427,31 @@ class KafkaLog:
 
 class Watermarks:
     """Where the log's partitions begin and end, asked of Kafka's admin client.  The ends are
-    asked once per loop iteration for every caller: a reconnect storm resubscribes thousands."""
+    asked once per loop iteration for every caller: a reconnect storm resubscribes thousands.
+    Both are asked again while Kafka answers with a leader election's or a short outage's
+    errors, for up to ``router.retry.OUTAGE_SECONDS`` (each retry counted as ``watermarks``).
+    During an election Kafka may also answer a partition with no error and offset -1001 (seen
+    with a three-broker cluster whose leader was SIGKILLed): that is no answer either, never an
+    offset (a session resumed at it would skip what it missed), and is asked again too."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, retries: Retries) -> None:
         self.topic = topic
+        self.retries = retries
         self.admin: AdminClient | None = None
         """The node's one admin client, while the log runs (the log checks its topic with it)."""
         self._ends: Batch[list[int], dict[int, int]] = Batch(self._ends_of_many)
 
     async def high(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Retried for a few seconds on retriable errors (no leader yet, a leader moving)."""
         wanted = sorted(partitions)
-        for attempt in range(50):
-            try:
-                return await self._ends(wanted)
-            except KafkaException as exc:
-                if not _transient(exc) or attempt == 49:
-                    raise
-            await asyncio.sleep(0.1)
-        raise AssertionError("unreachable")
+        return await retried("watermarks", lambda: self._ends(wanted), self.retries)
+
+    async def low(self, partitions: Iterable[int]) -> dict[int, int]:
+        wanted = sorted(partitions)
+        return await retried("watermarks", lambda: self._list(wanted, True), self.retries)
 
     async def _ends_of_many(self, calls: list[list[int]]) -> list[dict[int, int] | BaseException]:
         ends = await self._list(sorted(set().union(*calls)))
         return [{p: ends[p] for p in call} for call in calls]
-
-    async def low(self, partitions: Iterable[int]) -> dict[int, int]:
-        return await self._list(sorted(partitions), earliest=True)
 
     async def _list(self, partitions: list[int], earliest: bool = False) -> dict[int, int]:
         assert self.admin is not None, "the log is not started"
@@ -448,10 +459,16 @@ class Watermarks:
             return {}
         spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()  # type: ignore[no-untyped-call]
         futures = self.admin.list_offsets(
-            {TopicPartition(self.topic, p): spec for p in partitions}, request_timeout=10
+            {TopicPartition(self.topic, p): spec for p in partitions},
+            request_timeout=ATTEMPT_SECONDS,
         )
         result: dict[int, int] = {}
         for tp, future in futures.items():
             info = await asyncio.wrap_future(future)
+            if info.offset < 0:  # no error, yet no offset: asked while no broker leads it
+                raise KafkaException(KafkaError(
+                    KafkaError.LEADER_NOT_AVAILABLE,
+                    f"no offset for partition {tp.partition} ({info.offset}): no leader yet",
+                ))  # fmt: skip
             result[tp.partition] = info.offset
         return result

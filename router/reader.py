@@ -15,12 +15,21 @@ no consumer per client, per session or per replay.  The consumers:
 
 So the number of consumers is two plus the number of share groups (at most
 ``--max-share-groups``, ``router.shared.ShareGroups``), independent of clients and sessions.
+
+A leader election or a short outage is ridden out, never reported to a client from here: a
+consume call that raises is not made again before a backoff (``router.retry``), a fetch error a
+batch carries is skipped (librdkafka fetches again by itself), and both are counted
+(``live``, ``fetch``).  Only a catch-up that gets nothing for ``router.retry.OUTAGE_SECONDS``
+fails its sessions (``router.catchup``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -29,6 +38,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from router import record
 from router.catchup import CatchUp, Take
 from router.record import Record
+from router.retry import Backoff, Retries
 from router.shared import ShareGroup
 
 log = logging.getLogger("headwater.log")
@@ -43,9 +53,12 @@ iterations short (the PUBACKs of connected subscribers are read between them), w
 class LogReader:
     """The live consumer, the catch-up consumer and the share groups' consumers of one node."""
 
-    def __init__(self, topic: str, fetch_batch: int) -> None:
+    def __init__(self, topic: str, fetch_batch: int, retries: Retries | None = None) -> None:
         self.topic = topic
         self.fetch_batch = fetch_batch
+        self.retries = retries or Retries()
+        self._backoff = Backoff()
+        """The live consumer's pause after a consume call failed."""
         self.fetched_records = 0
         self.fetched_bytes = 0
         self.undecodable = 0
@@ -59,17 +72,16 @@ class LogReader:
 
     def start(self, live: Consumer, catch_up: Consumer) -> None:
         self._live = live
-        self.catch_up = CatchUp(catch_up, self.topic, CATCH_UP_BATCH, self._decode)
+        self.catch_up = CatchUp(catch_up, self.topic, CATCH_UP_BATCH, self._decode, self.retries)
 
     async def stop(self) -> None:
         for group in list(self.shares):
             self.forget(group)
         if self._leaving:
             await asyncio.gather(*self._leaving, return_exceptions=True)
-        loop = asyncio.get_running_loop()
         for consumer in (self._live, self.catch_up.consumer if self.catch_up else None):
             if consumer is not None:  # closing leaves the broker politely: not on the loop
-                await loop.run_in_executor(None, consumer.close)
+                await close_aside(consumer)
         self._live = None
         self.catch_up = None
 
@@ -119,11 +131,18 @@ class LogReader:
     def _serve_live(self) -> bool:
         if not self._assigned or self._live is None:
             return False
+        backoff = self._backoff
+        if backoff.until and time.monotonic() < backoff.until:
+            return False
         try:
             raw = self._live.consume(self.fetch_batch, 0)
         except (KafkaException, RuntimeError) as exc:
-            log.warning("consume failed: %s", exc)
+            paused = backoff.failed(time.monotonic())
+            self.retries.count("live")
+            log.warning("consume failed: %s; trying again in %.2f s", exc, paused)
             return False
+        if backoff.until:
+            backoff.succeeded()
         if not raw:
             return False
         batch = self._decode(raw)
@@ -164,7 +183,8 @@ class LogReader:
         batch: list[Record] = []
         for msg in raw:
             error = msg.error()
-            if error is not None:
+            if error is not None:  # librdkafka fetches again by itself
+                self.retries.count("fetch")
                 log.warning("fetch error: %s", error.str())
                 continue
             value = msg.value()
@@ -180,3 +200,28 @@ class LogReader:
                 continue
             batch.append(Record(msg.partition(), msg.offset(), len(value), message))
         return batch
+
+
+def close_aside(consumer: Consumer) -> asyncio.Future[None]:
+    """Close ``consumer`` in a daemon thread of its own; done once it is closed.  Not in the
+    loop's executor: a close that never returns (librdkafka waiting on a broker) would hold the
+    executor's shutdown, and so the process's exit, after the drain's bound gave up on it."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def close() -> None:
+        try:
+            consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing a consumer failed: %s", exc)
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(_settle, done)
+
+    threading.Thread(target=close, name="headwater-consumer-close", daemon=True).start()
+    return done
+
+
+def _settle(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)

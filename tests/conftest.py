@@ -47,13 +47,15 @@ REDIS_IMAGE = "redis:7"
 
 
 @functools.cache
-def docker_available() -> bool:
-    """True if a Docker engine answers a ping within a few seconds (quietly False otherwise)."""
+def docker_available(image: str) -> bool:
+    """True if a Docker engine answers a ping within a few seconds and already holds `image`
+    (quietly False otherwise): an engine that cannot pull it (no registry) runs no container."""
     try:
         import docker
 
         client = docker.from_env(timeout=3)  # type: ignore[attr-defined]
         try:
+            client.images.get(image)
             return bool(client.ping())
         finally:
             client.close()
@@ -121,7 +123,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if external is not None:
         kafka_admin.check_reachable(external)
         yield external
-    elif docker_available():
+    elif docker_available(KAFKA_IMAGE):
         yield from _kafka_from_docker()
     else:
         with LocalKafka(tmp_path_factory.mktemp("kafka")) as kafka:
@@ -142,7 +144,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if external is not None:
         redis_server.check_reachable(external)
         yield external
-    elif docker_available():
+    elif docker_available(REDIS_IMAGE):
         yield from _redis_from_docker()
     else:
         with LocalRedis(tmp_path_factory.mktemp("redis"), appendonly=False) as redis:

@@ -16,8 +16,15 @@ Every node's listeners (PLAINTEXT for clients, CONTROLLER for the quorum) get fr
 on the first start of the object and keep them on a restart, as a restarted broker keeps its
 address; a static quorum tolerates new ports as long as every voter is told the same ones.
 
+With `sasl_users`, a node also has a SASL_PLAINTEXT listener (mechanism PLAIN, those users and
+passwords): a Kafka that requires authentication, as clients with `security.protocol`
+SASL_PLAINTEXT and `sasl.*` settings reach it. The broker's own traffic stays on PLAINTEXT.
+
 `python -m headwater.services.kafka --fetch` resolves Kafka's jars ahead of time (see
-kafka_classpath), so that starting Kafka later needs no network.
+kafka_classpath), so that starting Kafka later needs no network. `--serve` runs one node in the
+foreground in place of the Python process (a container's main process: docker/Dockerfile), its
+broker listener bound to every address and advertised under `--advertised-host`, its data kept in
+`--state-dir` across restarts.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import NoReturn, Self
 
 from headwater.errors import HeadwaterError, ServiceError, SettingError
 from headwater.services import kafka_classpath
@@ -61,18 +68,51 @@ TOOL_JVM_OPTIONS = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
 @dataclass(frozen=True, slots=True)
 class KafkaPorts:
-    """The two loopback listeners of a combined broker+controller node."""
+    """The listeners of a combined broker+controller node: PLAINTEXT for clients, CONTROLLER for
+    the quorum, SASL_PLAINTEXT (0: none) for clients that authenticate. The client listeners
+    are bound to `host` and advertised as `advertised`; the controller stays on loopback."""
 
     broker: int
     controller: int
+    sasl: int = 0
+    host: str = LOOPBACK
+    advertised: str = LOOPBACK
 
     @classmethod
-    def pick(cls) -> KafkaPorts:
-        return cls(broker=free_port(), controller=free_port())
+    def pick(cls, sasl: bool = False) -> KafkaPorts:
+        return cls(broker=free_port(), controller=free_port(), sasl=free_port() if sasl else 0)
 
     @property
     def bootstrap(self) -> str:
-        return f"{LOOPBACK}:{self.broker}"
+        return f"{self.advertised}:{self.broker}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        return f"{self.advertised}:{self.sasl}"
+
+    def listeners(self) -> dict[str, str]:
+        """server.properties' listener settings for these ports."""
+        client = {"PLAINTEXT": self.broker, **({"SASL_PLAINTEXT": self.sasl} if self.sasl else {})}
+        bound = [f"{name}://{self.host}:{port}" for name, port in client.items()]
+        advertised = [f"{name}://{self.advertised}:{port}" for name, port in client.items()]
+        protocols = ["CONTROLLER", *client]
+        return {
+            "listeners": ",".join([*bound, f"CONTROLLER://{LOOPBACK}:{self.controller}"]),
+            "advertised.listeners": ",".join(advertised),
+            "listener.security.protocol.map": ",".join(
+                f"{name}:{'PLAINTEXT' if name == 'CONTROLLER' else name}" for name in protocols
+            ),
+        }
+
+
+def sasl_plain_settings(users: Mapping[str, str]) -> dict[str, str]:
+    """The SASL_PLAINTEXT listener's PLAIN mechanism, knowing `users` (name: password)."""
+    entries = " ".join(f'user_{name}="{password}"' for name, password in users.items())
+    module = "org.apache.kafka.common.security.plain.PlainLoginModule"
+    return {
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": f"{module} required {entries};",
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +143,11 @@ FAILOVER_SETTINGS = {
 }
 
 
-def render_server_properties(data_dir: Path, quorum: Quorum, node_id: int = 1) -> str:
-    """server.properties for node `node_id` of a KRaft cluster on loopback.
+def render_server_properties(
+    data_dir: Path, quorum: Quorum, node_id: int = 1, sasl_users: Mapping[str, str] | None = None
+) -> str:
+    """server.properties for node `node_id` of a KRaft cluster (`sasl_users`: those of its
+    SASL_PLAINTEXT listener, if it has one).
 
     The broker-wide `min.insync.replicas` (which the offsets topic follows) stays Kafka's 1, so
     that a topic created with a replication factor of 1 on several brokers is still writable.
@@ -115,11 +158,9 @@ def render_server_properties(data_dir: Path, quorum: Quorum, node_id: int = 1) -
         "process.roles": "broker,controller",
         "node.id": str(node_id),
         "controller.quorum.voters": quorum.voters,
-        "listeners": f"PLAINTEXT://{LOOPBACK}:{ports.broker},CONTROLLER://{LOOPBACK}:{ports.controller}",
-        "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{ports.broker}",
+        **ports.listeners(),
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "log.dirs": str(data_dir),
         "num.partitions": "1",
         "num.network.threads": "2",
@@ -136,6 +177,8 @@ def render_server_properties(data_dir: Path, quorum: Quorum, node_id: int = 1) -
     }
     if len(quorum.nodes) > 1:
         settings.update(FAILOVER_SETTINGS)
+    if ports.sasl:
+        settings.update(sasl_plain_settings(sasl_users or {}))
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
@@ -184,6 +227,8 @@ class LocalKafka(LocalService):
         heap: str = SINGLE_HEAP,
         cancel: threading.Event | None = None,
         env: Mapping[str, str] = os.environ,
+        sasl_users: Mapping[str, str] | None = None,
+        log_file: Path | None = None,
     ) -> None:
         self.state_dir = state_dir.resolve()
         self.node_id = node_id
@@ -191,6 +236,8 @@ class LocalKafka(LocalService):
         self.heap = heap
         self.cancel = cancel
         self.env = env
+        self.sasl_users = sasl_users
+        self.log_file = log_file
         self.quorum: Quorum | None = None
         self.child: ChildProcess | None = None
 
@@ -204,7 +251,7 @@ class LocalKafka(LocalService):
 
     @property
     def log_path(self) -> Path:
-        return self.state_dir / "kafka.log"
+        return self.log_file or self.state_dir / "kafka.log"
 
     @property
     def ports(self) -> KafkaPorts | None:
@@ -215,6 +262,13 @@ class LocalKafka(LocalService):
         if self.ports is None:
             raise RuntimeError("LocalKafka is not started")
         return self.ports.bootstrap
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """The SASL_PLAINTEXT listener's address (a node started with `sasl_users`)."""
+        if self.ports is None or not self.ports.sasl:
+            raise RuntimeError("LocalKafka is not started with a SASL listener")
+        return self.ports.sasl_bootstrap
 
     def preflight(self) -> tuple[str, str]:
         """Java and the classpath, checked before anything is started."""
@@ -228,18 +282,21 @@ class LocalKafka(LocalService):
     def launch(self, cluster_id: str | None = None) -> ChildProcess:
         """Format storage if new (with `cluster_id`, else a new id), then spawn the JVM without
         waiting for it. A node alone is a quorum of one."""
+        self.child = ChildProcess.spawn(self.name, self.prepare(cluster_id), self.log_path)
+        return self.child
+
+    def prepare(self, cluster_id: str | None = None) -> list[str]:
+        """Write the configuration, format storage if new, and return the JVM's command line."""
         java, classpath = self.preflight()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.quorum is None:
-            self.quorum = Quorum.pick([self.node_id])
+            self.quorum = Quorum({self.node_id: KafkaPorts.pick(sasl=self.sasl_users is not None)})
         properties = self._write_configs(self.quorum)
         if not self.formatted:
             self._format(java, classpath, properties, cluster_id or new_cluster_id())
         argv = [java, f"-Xms{self.heap}", f"-Xmx{self.heap}", *JVM_OPTIONS, self._gc_log_option()]
         argv.append(self._log4j_option())
-        argv += ["-cp", classpath, "kafka.Kafka", str(properties)]
-        self.child = ChildProcess.spawn(self.name, argv, self.log_path)
-        return self.child
+        return [*argv, "-cp", classpath, "kafka.Kafka", str(properties)]
 
     def wait_ready(self, timeout: float = 90.0) -> str:
         """Wait until the launched Kafka answers; stop it if it does not."""
@@ -275,7 +332,8 @@ class LocalKafka(LocalService):
     def _write_configs(self, quorum: Quorum) -> Path:
         (self.state_dir / "log4j2.properties").write_text(render_log4j2(self.log_path))
         properties = self.state_dir / "server.properties"
-        properties.write_text(render_server_properties(self.data_dir, quorum, self.node_id))
+        rendered = render_server_properties(self.data_dir, quorum, self.node_id, self.sasl_users)
+        properties.write_text(rendered)
         return properties
 
     def _format(self, java: str, classpath: str, properties: Path, cluster_id: str) -> None:
@@ -401,15 +459,34 @@ class LocalKafkaCluster:
         self.stop()
 
 
+def serve(state_dir: Path, port: int, advertised_host: str, heap: str = SINGLE_HEAP) -> NoReturn:
+    """Run one node in the foreground: the JVM replaces this process (its signals, its exit
+    status), logging to stdout; PLAINTEXT on `port` of every address, advertised as
+    `advertised_host`, the controller on loopback `port + 1`."""
+    ports = KafkaPorts(port, port + 1, host="0.0.0.0", advertised=advertised_host)
+    node = LocalKafka(state_dir, heap=heap, log_file=Path("/dev/stdout"))
+    node.quorum = Quorum({node.node_id: ports})
+    argv = node.prepare()
+    os.execv(argv[0], argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`--fetch`: resolve Kafka's jars into the cache and print where they are."""
+    """`--fetch`: resolve Kafka's jars into the cache and print where they are; `--serve`:
+    run one node in the foreground (see `serve`)."""
     parser = argparse.ArgumentParser(prog="python -m headwater.services.kafka")
     parser.add_argument("--fetch", action="store_true", help="resolve Kafka's jars (uses mvn)")
+    parser.add_argument("--serve", action="store_true", help="run one node in the foreground")
+    parser.add_argument("--state-dir", type=Path, default=Path("kafka-data"), help="for --serve")
+    parser.add_argument("--port", type=int, default=9092, help="for --serve (default 9092)")
+    parser.add_argument("--advertised-host", default=LOOPBACK, help="for --serve")
+    parser.add_argument("--heap", default=SINGLE_HEAP, help=f"for --serve (default {SINGLE_HEAP})")
     args = parser.parse_args(argv)
-    if not args.fetch:
+    if not (args.fetch or args.serve):
         parser.print_help()
         return 2
     try:
+        if args.serve:
+            serve(args.state_dir, args.port, args.advertised_host, args.heap)
         print(kafka_classpath.fetch())
     except HeadwaterError as exc:
         print(f"headwater: error: {exc}", file=sys.stderr)

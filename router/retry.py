@@ -1,0 +1,142 @@
+"""Riding out a leader election or a short Kafka outage: what is retried, for how long, counted.
+
+A broker that restarts, or a partition whose leader moves, answers for some seconds with errors
+that mean "not now": no leader yet ("Failed to query partition leaders: No leaders found", code
+``_NOENT``, from a ListOffsets asked while no partition has a leader), not the leader, an unknown
+partition while metadata is rebuilt, a timeout, a broken connection.  Every read the node makes
+for its clients rides these out: the watermark queries (``router.log.Watermarks``), the live and
+the catch-up consumer (``router.reader``, ``router.catchup``).  An attempt that fails so is made
+again after a backoff growing from ``BACKOFF_FIRST`` to ``BACKOFF_MAX``, and every retry is
+counted by what was retried (``/metrics``: ``headwater_kafka_retries_total{what}``).
+
+**The one bound: ``OUTAGE_SECONDS``.**  A client is closed for the log only when its node cannot
+serve it at all: a watermark query still failing, or a catch-up cursor that could take records
+still getting none, ``OUTAGE_SECONDS`` after it began (the connection is then closed, its stored
+positions kept: the next connection, perhaps to a node that reaches Kafka, reads on from there).
+60 s because: a single broker killed and started again took 10-25 s here from the kill to its
+first acknowledged write (JVM start, log recovery, KRaft election), and longer with the CPU
+shared; a leader moving within a cluster takes the controller's broker session timeout (9 s by
+default) plus the election; and the producer gives up on a PUBLISH after 30 s
+(``--kafka-delivery-timeout-ms``'s default), closing its publisher.  Twice that without an
+answer is an outage an operator sees (``/ready`` says "Kafka is not writable"), not an election.
+An error that is not transient (an unknown topic at start, an authorization failure) is raised at
+once, never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from confluent_kafka import KafkaError, KafkaException
+
+log = logging.getLogger("headwater.log")
+
+T = TypeVar("T")
+
+OUTAGE_SECONDS = 60.0
+"""How long the node rides out Kafka not answering a read before it closes the client waiting
+for it (module docstring: why 60)."""
+
+BACKOFF_FIRST = 0.05
+"""Seconds before the first retry; each further one waits twice as long..."""
+
+BACKOFF_MAX = 2.0
+"""...up to this: a broker that is back is asked again within 2 s."""
+
+ATTEMPT_SECONDS = 10.0
+"""Seconds one request may take (librdkafka's request timeout): a bound is overrun by at most
+this, the attempt under way when it passes."""
+
+_TRANSIENT = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.OFFSET_NOT_AVAILABLE,
+    KafkaError._NOENT,  # ListOffsets: "Failed to query partition leaders: No leaders found"
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._WAIT_COORD,
+})  # fmt: skip
+"""Errors a leader election or a moment's outage explains: worth asking again."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Kafka error that asking again later may cure."""
+    if not isinstance(exc, KafkaException):
+        return False
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError) or error.fatal():
+        return False
+    return error.retriable() or error.code() in _TRANSIENT
+
+
+class Retries:
+    """How many times each kind of read was made again (``what``: ``watermarks``, ``live``,
+    ``catch_up``, ``fetch``); one addition per retry, read by ``/metrics``."""
+
+    __slots__ = ("counts",)
+
+    KINDS = ("watermarks", "live", "catch_up", "fetch")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = dict.fromkeys(self.KINDS, 0)
+
+    def count(self, what: str, n: int = 1) -> None:
+        self.counts[what] += n
+
+
+class Backoff:
+    """The pause before the next attempt of one kind of call that failed: ``BACKOFF_FIRST``,
+    doubling up to ``BACKOFF_MAX``, back to the first after a success.  For the consumers,
+    which the pump asks every turn: a failing one is not asked again before ``until``."""
+
+    __slots__ = ("delay", "until")
+
+    def __init__(self) -> None:
+        self.delay = BACKOFF_FIRST
+        self.until = 0.0
+        """``time.monotonic()`` before which the call is not made again (0: no pause)."""
+
+    def failed(self, now: float) -> float:
+        """Pause after a failure at ``now``; the seconds paused."""
+        paused = self.delay
+        self.until = now + paused
+        self.delay = min(paused * 2, BACKOFF_MAX)
+        return paused
+
+    def succeeded(self) -> None:
+        self.delay, self.until = BACKOFF_FIRST, 0.0
+
+
+async def retried(
+    what: str,
+    attempt: Callable[[], Awaitable[T]],
+    retries: Retries,
+    bound: float = OUTAGE_SECONDS,
+) -> T:
+    """``attempt()``'s answer, asked again with a backoff while it fails transiently; once
+    ``bound`` seconds have passed (and at most one attempt's ``ATTEMPT_SECONDS`` more), or on
+    any other error, the error is raised."""
+    deadline = time.monotonic() + bound
+    backoff = Backoff()
+    while True:
+        try:
+            return await attempt()
+        except KafkaException as exc:
+            now = time.monotonic()
+            if not transient(exc) or now + backoff.delay >= deadline:
+                raise
+            if backoff.delay == BACKOFF_FIRST:
+                log.warning("%s: %s; retrying for up to %.0f s", what, exc, deadline - now)
+            retries.count(what)
+            await asyncio.sleep(backoff.failed(now))
