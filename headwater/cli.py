@@ -133,10 +133,13 @@ def run_frontend(argv: list[str]) -> int:
 
 
 def run_analytics(argv: list[str]) -> int:
-    """Run a Spark analytics job; its flags are parsed by spark_streaming.cli."""
+    """Run a Spark analytics job; its flags are parsed by spark_streaming.cli. Without
+    `--bootstrap` and HEADWATER_KAFKA_BOOTSTRAP, the job reads the Kafka of the dev cluster running
+    from `.headwater` (what `make run` starts, on a port of its own choosing)."""
+    from headwater.devcluster.state import running_kafka
     from spark_streaming.cli import main as analytics_main
 
-    return int(analytics_main(argv))
+    return int(analytics_main(argv, fallback_bootstrap=running_kafka(DEFAULT_STATE_DIR)))
 
 
 def run_passwd(argv: list[str]) -> int:

@@ -112,10 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def options_from_args(args: argparse.Namespace) -> JobOptions:
-    bootstrap = args.bootstrap or external_kafka_bootstrap()
+def options_from_args(
+    args: argparse.Namespace, fallback_bootstrap: str | None = None
+) -> JobOptions:
+    """The job's options; the Kafka is `--bootstrap`, else HEADWATER_KAFKA_BOOTSTRAP, else
+    `fallback_bootstrap` (the running dev cluster's, found by `headwater analytics`)."""
+    bootstrap = args.bootstrap or external_kafka_bootstrap() or fallback_bootstrap
     if not bootstrap:
-        raise OptionsError(f"no Kafka to read: pass --bootstrap or set {KAFKA_BOOTSTRAP_ENV}")
+        raise OptionsError(
+            f"no Kafka to read: pass --bootstrap, set {KAFKA_BOOTSTRAP_ENV}, "
+            "or start a dev cluster here (make run)"
+        )
     return JobOptions(
         job=args.job,
         bootstrap=bootstrap,
@@ -144,14 +151,20 @@ def options_from_args(args: argparse.Namespace) -> JobOptions:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+def checked_options(argv: list[str], fallback_bootstrap: str | None = None) -> JobOptions:
+    """Everything `main` checks before Spark starts: the flags parsed (argparse exits 2 on a bad
+    one), the Kafka found, the options valid for the job; raises OptionsError or SettingError."""
+    options = options_from_args(build_parser().parse_args(argv), fallback_bootstrap)
+    job = JOBS[options.job]
+    validate(options, job.APPEND_ONLY)
+    if hasattr(job, "check"):
+        job.check(options)
+    return options
+
+
+def main(argv: list[str] | None = None, fallback_bootstrap: str | None = None) -> int:
     try:
-        options = options_from_args(args)
-        job = JOBS[options.job]
-        validate(options, job.APPEND_ONLY)
-        if hasattr(job, "check"):
-            job.check(options)
+        options = checked_options(sys.argv[1:] if argv is None else argv, fallback_bootstrap)
     except (OptionsError, SettingError) as exc:
         print(f"headwater analytics: error: {exc}", file=sys.stderr)
         return 2

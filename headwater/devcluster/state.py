@@ -102,5 +102,14 @@ def read_state(state_dir: Path) -> ClusterState | None:
         raise ServiceError(f"state file {path} is unreadable ({exc}): remove it") from None
 
 
+def running_kafka(state_dir: Path) -> str | None:
+    """The Kafka bootstrap of the dev cluster running from `state_dir`, or None if none runs there
+    (no state file, or its `dev up` process is gone)."""
+    state = read_state(state_dir)
+    if state is None or not state.parent.identity.alive():
+        return None
+    return state.endpoints.get("kafka")
+
+
 def remove_state(state_dir: Path) -> None:
     state_path(state_dir).unlink(missing_ok=True)

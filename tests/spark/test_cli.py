@@ -32,11 +32,13 @@ def test_bad_flags_exit_2_naming_the_flag(
 
 
 def test_bootstrap_comes_from_the_environment_or_a_flag(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.delenv("HEADWATER_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.chdir(tmp_path)  # no dev cluster's .headwater here to find a Kafka in
     assert headwater_main(["analytics", "traffic"]) == 2
-    assert "pass --bootstrap or set HEADWATER_KAFKA_BOOTSTRAP" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "pass --bootstrap, set HEADWATER_KAFKA_BOOTSTRAP, or start a dev cluster" in err
 
 
 def test_trigger_flag() -> None:
