@@ -41,14 +41,14 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from frontend.config import build_parser as node_parser
-from frontend.mqtt.codec import Decoder, encode
-from frontend.mqtt.packets import Connack, Connect, Disconnect
 from headwater.services.kafka import LocalKafka
 from headwater.services.kafka_admin import admin_client, ensure_topic
 from headwater.services.kafka_classpath import KAFKA_VERSION
 from headwater.services.ports import LOOPBACK, free_port, port_accepts
 from headwater.services.process import ChildProcess, find_program
 from headwater.services.readiness import wait_until
+from mqttcore.codec import Decoder, encode
+from mqttcore.packets import Connack, Connect, Disconnect
 
 Endpoint = tuple[str, int]
 

@@ -36,7 +36,7 @@ from bench.load import (
     paced,
 )
 from bench.measure import percentile
-from frontend.mqtt.packets import Puback, Publish
+from mqttcore.packets import Puback, Publish
 
 
 class IdLedger(deque[int]):

@@ -1,7 +1,7 @@
 """Fleets of raw MQTT connections: thousands of devices from one load-generator process.
 
 A :class:`Device` is an ``asyncio.Protocol`` with no task or timer of its own: it writes packets
-encoded with Headwater's codec (``frontend.mqtt.codec``) and decodes what comes back.  It PUBACKs
+encoded with Headwater's codec (``mqttcore.codec``) and decodes what comes back.  It PUBACKs
 every QoS 1 PUBLISH at once and keeps the distinct payloads it received, so that a reconnect storm
 can check that every owed message arrived, and arrived once.
 
@@ -37,9 +37,9 @@ from typing import NamedTuple, TypeVar, cast
 
 from bench.jobs import State
 from bench.load import PUBACKS, ClientPlan, open_client
-from frontend.mqtt.codec import Decoder, encode
-from frontend.mqtt.errors import ProtocolError
-from frontend.mqtt.packets import (
+from mqttcore.codec import Decoder, encode
+from mqttcore.errors import ProtocolError
+from mqttcore.packets import (
     SUBACK_FAILURE,
     Connack,
     Connect,

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
 from bench.jobs import end_process
-from frontend.mqtt.codec import Decoder, encode
-from frontend.mqtt.packets import (
+from mqttcore.codec import Decoder, encode
+from mqttcore.packets import (
     Connack,
     Connect,
     Disconnect,

@@ -32,8 +32,13 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from frontend.mqtt.codec import Decoder, encode
-from frontend.mqtt.packets import (
+from headwater.services.kafka import LocalKafka
+from headwater.services.kafka_admin import ensure_topic
+from headwater.services.ports import free_port
+from headwater.services.process import ChildProcess
+from headwater.services.redis_server import LocalRedis
+from mqttcore.codec import Decoder, encode
+from mqttcore.packets import (
     Connack,
     Connect,
     Disconnect,
@@ -43,11 +48,6 @@ from frontend.mqtt.packets import (
     Subscribe,
     Will,
 )
-from headwater.services.kafka import LocalKafka
-from headwater.services.kafka_admin import ensure_topic
-from headwater.services.ports import free_port
-from headwater.services.process import ChildProcess
-from headwater.services.redis_server import LocalRedis
 from router.topics import messages_topic
 
 REPORT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"

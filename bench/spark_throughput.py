@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from frontend.mqtt.message import Message
 from headwater.services.kafka_admin import ensure_topic
+from mqttcore.message import Message
 from router.partitioner import Router, routing_key
 from router.record import encode
 from spark_streaming.options import JobOptions, Trigger

@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frontend.buffers import DEFAULT_MAX_BUFFERED_BYTES
-from frontend.mqtt.channel import Limits
-from frontend.mqtt.codec import DEFAULT_MAX_CONNECT_SIZE, DEFAULT_MAX_WILL_SIZE
 from frontend.proxy_protocol import LOOPBACK, AllowList
 from frontend.retained import DEFAULT_MAX_RETAINED, DEFAULT_MAX_RETAINED_BYTES
 from frontend.sessions.redis import DEFAULT_PREFIX
 from frontend.sessions.store import DEFAULT_EXPIRY
+from mqttcore.channel import Limits
+from mqttcore.codec import DEFAULT_MAX_CONNECT_SIZE, DEFAULT_MAX_WILL_SIZE
 from router.log import security_settings
 from router.partitioner import DEFAULT_ROUTING_DEPTH
 from router.shared import DEFAULT_MAX_SHARE_GROUPS, DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT

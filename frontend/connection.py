@@ -35,14 +35,14 @@ from frontend.auth import Auth, Credentials, Login
 from frontend.buffers import Budget
 from frontend.deadlines import Deadlines
 from frontend.metrics import Traffic
-from frontend.mqtt import channel as ch
-from frontend.mqtt.codec import ConnectBounds, Decoder, Wire
-from frontend.mqtt.errors import ProtocolError
-from frontend.mqtt.message import MessageStamps
-from frontend.mqtt.packets import ConnackCode, Connect, Packet
-from frontend.mqtt.session import Outbound
 from frontend.publishing import Log, Publishing
 from frontend.sessions.manager import NotOwnerError, Owned, SessionManager
+from mqttcore import channel as ch
+from mqttcore.codec import ConnectBounds, Decoder, Wire
+from mqttcore.errors import ProtocolError
+from mqttcore.message import MessageStamps
+from mqttcore.packets import ConnackCode, Connect, Packet
+from mqttcore.session import Outbound
 from router.dispatch import Dispatcher
 
 log = logging.getLogger("headwater.connection")

@@ -54,7 +54,6 @@ from frontend.config import (
 from frontend.config_file import parse_args
 from frontend.connection import MqttConnection, Services
 from frontend.logs import setup_logging
-from frontend.mqtt.codec import ConnectBounds
 from frontend.retained import (
     MemoryRetainedStore,
     RedisRetainedStore,
@@ -67,6 +66,7 @@ from frontend.sessions.store import MemorySessionStore, SessionStore
 from frontend.stats import serve_stats, snapshot
 from frontend.systree import SysTree
 from frontend.workers import run_workers
+from mqttcore.codec import ConnectBounds
 from router.dispatch import Dispatcher
 from router.log import KafkaLog, LogSettings
 from router.partitioner import Router

@@ -39,8 +39,8 @@ from typing import Any
 from confluent_kafka import KafkaException
 from redis.exceptions import RedisClusterException, RedisError
 
-from frontend.mqtt import channel as ch
-from frontend.mqtt.packets import ConnackCode
+from mqttcore import channel as ch
+from mqttcore.packets import ConnackCode
 
 log = logging.getLogger("headwater.outages")
 

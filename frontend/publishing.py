@@ -17,10 +17,10 @@ from typing import Protocol
 
 from frontend import outages
 from frontend.metrics import Traffic
-from frontend.mqtt import channel as ch
-from frontend.mqtt.message import Message
-from frontend.mqtt.session import Outbound
 from frontend.sessions.manager import Owned, SessionManager
+from mqttcore import channel as ch
+from mqttcore.message import Message
+from mqttcore.session import Outbound
 from router.log import DeliveryCallback
 
 

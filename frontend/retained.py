@@ -56,9 +56,9 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from frontend.mqtt import topics
-from frontend.mqtt.message import Message
 from frontend.sessions.redis import DEFAULT_PREFIX, RedisClient
+from mqttcore import topics
+from mqttcore.message import Message
 from router import record
 from router.partitioner import routing_key
 from router.record import Record

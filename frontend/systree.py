@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from frontend.mqtt import topics
-from frontend.mqtt.message import Message, MessageStamps
 from frontend.outages import LOG_ERRORS, every, in_background
 from frontend.retained import RetainedStore
+from mqttcore import topics
+from mqttcore.message import Message, MessageStamps
 from router.dispatch import Dispatcher
 from router.log import KafkaLog
 from router.record import Record

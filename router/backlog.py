@@ -28,8 +28,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from frontend.mqtt.codec import PublishTemplate
-from frontend.mqtt.session import Outbound
+from mqttcore.codec import PublishTemplate
+from mqttcore.session import Outbound
 from router.delivery import Client, Counters, delivery_qos, template_for
 from router.log import KafkaLog
 from router.record import Record

@@ -11,9 +11,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
-from frontend.mqtt.codec import PublishTemplate
-from frontend.mqtt.message import Message
-from frontend.mqtt.session import Outbound, Session
+from mqttcore.codec import PublishTemplate
+from mqttcore.message import Message
+from mqttcore.session import Outbound, Session
 
 
 def delivery_qos(granted: int, message_qos: int) -> int:

@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
 
-from frontend.mqtt import topics
-from frontend.mqtt.codec import PublishTemplate
-from frontend.mqtt.message import Message
-from frontend.mqtt.session import Outbound, Session
+from mqttcore import topics
+from mqttcore.codec import PublishTemplate
+from mqttcore.message import Message
+from mqttcore.session import Outbound, Session
 from router.backlog import Backlog
 from router.delivery import Client, Counters, Subscriber, delivery_qos, template_for
 from router.log import KafkaLog

@@ -15,7 +15,7 @@ Invariants:
 * a topic starting with ``$`` is not matched through a wildcard at the first level
   [MQTT-4.7.2-1].
 
-Filters must be valid plain filters (:func:`frontend.mqtt.topics.is_valid_filter`); a shared
+Filters must be valid plain filters (:func:`mqttcore.topics.is_valid_filter`); a shared
 subscription is stored under its real filter, with the caller's choice of key.
 """
 

@@ -32,7 +32,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-from frontend.mqtt.message import Message
+from mqttcore.message import Message
 from router import record
 from router.batching import Batch
 from router.partitioner import Router

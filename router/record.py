@@ -20,7 +20,7 @@ from typing import Any
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from frontend.mqtt.message import Message, MessageStamps
+from mqttcore.message import Message, MessageStamps
 
 SCHEMA_TEXT: str = resources.files("schemas").joinpath("mqtt_message.avsc").read_text()
 """The schema, read as package data: an installed (non-editable) package finds it too."""

@@ -66,8 +66,8 @@ from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_END, OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 
-from frontend.mqtt import topics
-from frontend.mqtt.session import Session
+from mqttcore import topics
+from mqttcore.session import Session
 from router.partitioner import Router
 from router.record import Record
 

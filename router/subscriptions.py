@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from frontend.mqtt import topics
-from frontend.mqtt.session import Session
+from mqttcore import topics
+from mqttcore.session import Session
 from router.index import SubscriptionTrie
 from router.interest import InterestTable
 from router.log import KafkaLog

@@ -32,7 +32,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
 
-from frontend.mqtt.message import Message
+from mqttcore.message import Message
 from router.partitioner import Router, routing_key
 from router.record import encode, wall_clock_stamps
 from spark_streaming.options import ANALYTICS_ORIGIN, JobOptions

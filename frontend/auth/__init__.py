@@ -41,7 +41,7 @@ from frontend.auth.hashing import Hashing
 from frontend.auth.login import ANONYMOUS, Credentials, Login
 from frontend.auth.passwords import AuthFileError, PasswordFile, PasswordHash, hash_password
 from frontend.auth.throttle import LoginThrottle, address_key
-from frontend.mqtt.packets import ConnackCode
+from mqttcore.packets import ConnackCode
 
 __all__ = [
     "ANONYMOUS",

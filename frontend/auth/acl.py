@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from frontend.auth.passwords import AuthFileError, read_text
-from frontend.mqtt.topics import matches
+from mqttcore.topics import matches
 
 log = logging.getLogger("headwater.auth")
 

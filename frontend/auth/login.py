@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from frontend.auth.acl import Access
 from frontend.auth.passwords import PasswordHash
-from frontend.mqtt.packets import ConnackCode
+from mqttcore.packets import ConnackCode
 
 ANONYMOUS = ""
 """The identity of a client that proved none."""

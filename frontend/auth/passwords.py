@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from frontend.mqtt.packets import ConnackCode
+from mqttcore.packets import ConnackCode
 
 Method = Literal["sha512", "sha512-pbkdf2"]
 METHODS: tuple[Method, ...] = ("sha512-pbkdf2", "sha512")

@@ -27,14 +27,14 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar, cast
 
 from frontend.cluster import FORCE_AFTER, Coordinator
-from frontend.mqtt.channel import Limits, will_message
-from frontend.mqtt.codec import PublishTemplate
-from frontend.mqtt.message import Message, MessageStamps
-from frontend.mqtt.packets import Connect
-from frontend.mqtt.session import Outbound, Session, StoredOutbound, StoredSession
 from frontend.outages import in_background
 from frontend.retained import RetainedStore
 from frontend.sessions.saver import Holder, Owned, Saver
+from mqttcore.channel import Limits, will_message
+from mqttcore.codec import PublishTemplate
+from mqttcore.message import Message, MessageStamps
+from mqttcore.packets import Connect
+from mqttcore.session import Outbound, Session, StoredOutbound, StoredSession
 
 __all__ = ["Holder", "NotOwnerError", "Owned", "SessionManager"]
 from frontend.sessions.store import Busy, Lease, NotOwner, SessionStore

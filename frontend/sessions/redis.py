@@ -87,8 +87,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from frontend.mqtt.session import StoredOutbound, StoredSession
 from frontend.sessions.store import DEFAULT_EXPIRY, Acquired, Busy, Lease, NotOwner
+from mqttcore.session import StoredOutbound, StoredSession
 from router.batching import Batch
 
 RedisClient = aioredis.Redis | RedisCluster

@@ -29,9 +29,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Protocol
 
-from frontend.mqtt.session import Session, StoredSession
 from frontend.outages import every
 from frontend.sessions.store import Lease, SessionStore
+from mqttcore.session import Session, StoredSession
 from router import record
 from router.delivery import Subscriber
 from router.dispatch import Dispatcher

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from frontend.mqtt.session import StoredSession
+from mqttcore.session import StoredSession
 
 DEFAULT_EXPIRY = 7200.0
 """Seconds a released persistent session is kept (EMQX's default); 0: forever."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from frontend.mqtt.message import Message, MessageStamps
 from frontend.retained import RetainedStore
+from mqttcore.message import Message, MessageStamps
 from router import record
 from router.log import KafkaLog
 

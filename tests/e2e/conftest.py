@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from frontend.mqtt.channel import Limits
 from frontend.node import Node, NodeConfig
 from headwater.services.kafka_admin import ensure_topic
+from mqttcore.channel import Limits
 from router.topics import messages_topic
 from tests.e2e.realclients import Clients
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from frontend.mqtt.codec import Decoder, encode
-from frontend.mqtt.packets import Connack, Connect, Packet, Suback, Subscribe
+from mqttcore.codec import Decoder, encode
+from mqttcore.packets import Connack, Connect, Packet, Suback, Subscribe
 
 
 class RawClient:

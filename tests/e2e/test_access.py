@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from frontend.mqtt.packets import (
+from headwater.services.ports import free_port
+from mqttcore.packets import (
     SUBACK_FAILURE,
     Connack,
     ConnackCode,
@@ -25,7 +26,6 @@ from frontend.mqtt.packets import (
     Suback,
     Will,
 )
-from headwater.services.ports import free_port
 from tests.e2e.conftest import NodeFactory, eventually, http_get, launch_node_process
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.realclients import mosquitto_pub

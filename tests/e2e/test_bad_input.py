@@ -14,10 +14,10 @@ from typing import Any
 import aiomqtt
 import pytest
 
-from frontend.mqtt.codec import Decoder, encode
-from frontend.mqtt.errors import ProtocolError
-from frontend.mqtt.packets import Connack, Connect, Puback, Publish, Will
 from frontend.node import Node
+from mqttcore.codec import Decoder, encode
+from mqttcore.errors import ProtocolError
+from mqttcore.packets import Connack, Connect, Puback, Publish, Will
 from tests.e2e.conftest import NodeFactory
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.realclients import (

@@ -12,9 +12,9 @@ from collections import Counter
 
 import pytest
 
-from frontend.mqtt.channel import Limits
-from frontend.mqtt.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 from frontend.node import Node
+from mqttcore.channel import Limits
+from mqttcore.packets import Puback, Pubcomp, Publish, Pubrec, Pubrel
 from router.partitioner import Router
 from tests.conftest import free_port
 from tests.e2e.conftest import PARTITIONS, NodeFactory, eventually, launch_node_process
@@ -171,7 +171,7 @@ async def test_unsubscribe_and_disconnect_release_partitions(start_node: NodeFac
         what="the node to drop rel1's connection",
     )
     assert node.log.reader.assigned() == [2, 3]  # c2 still needs both
-    from frontend.mqtt.packets import Unsuback, Unsubscribe
+    from mqttcore.packets import Unsuback, Unsubscribe
 
     await c2.send(Unsubscribe(5, (topic_b,)))
     assert await c2.recv() == Unsuback(5)

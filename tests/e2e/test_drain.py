@@ -11,9 +11,9 @@ import logging
 import pytest
 
 from frontend.config import NodeConfig
-from frontend.mqtt.codec import encode
-from frontend.mqtt.packets import Puback, Publish, Will
 from frontend.node import Node
+from mqttcore.codec import encode
+from mqttcore.packets import Puback, Publish, Will
 from tests.e2e.conftest import PARTITIONS, NodeFactory
 from tests.e2e.rawmqtt import RawClient
 

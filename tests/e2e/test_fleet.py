@@ -12,10 +12,10 @@ import signal
 import pytest
 import redis.asyncio as aioredis
 
-from frontend.mqtt.channel import Limits
-from frontend.mqtt.packets import Connack, Connect, Puback, Publish
 from frontend.node import Node
 from frontend.sessions.saver import SAVE_INTERVAL
+from mqttcore.channel import Limits
+from mqttcore.packets import Connack, Connect, Puback, Publish
 from tests.conftest import free_port
 from tests.e2e.conftest import NodeFactory, eventually, launch_node_process
 from tests.e2e.rawmqtt import RawClient

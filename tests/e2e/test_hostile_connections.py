@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from frontend.config import Listener
-from frontend.mqtt.codec import _remaining_length, encode
-from frontend.mqtt.packets import Connack, Connect, Pingreq, Pingresp, Will
 from frontend.proxy_protocol import AllowList
 from headwater.services.ports import free_port
+from mqttcore.codec import _remaining_length, encode
+from mqttcore.packets import Connack, Connect, Pingreq, Pingresp, Will
 from tests.e2e.conftest import NodeFactory, eventually, http_get, launch_node_process
 from tests.e2e.rawmqtt import RawClient
 

@@ -19,9 +19,9 @@ import pytest
 
 from frontend.auth import hash_password
 from frontend.auth.passwords import parse_hash
-from frontend.mqtt.codec import encode
-from frontend.mqtt.packets import SUBACK_FAILURE, Connack, Connect, Pingreq, Pingresp, Suback
 from headwater.services.ports import free_port
+from mqttcore.codec import encode
+from mqttcore.packets import SUBACK_FAILURE, Connack, Connect, Pingreq, Pingresp, Suback
 from tests.e2e.conftest import NodeFactory, http_get, launch_node_process
 from tests.e2e.rawmqtt import RawClient
 

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from frontend.mqtt.packets import Puback, Publish
 from headwater.services.kafka import LocalKafkaCluster
 from headwater.services.kafka_admin import admin_client, ensure_topic
+from mqttcore.packets import Puback, Publish
 from router.partitioner import Router
 from router.topics import messages_topic
 from tests.conftest import KAFKA_CLUSTER_REPLICATION, free_port

@@ -32,11 +32,11 @@ from frontend.auth import hash_password
 from frontend.config import LISTENER_KINDS, Listener, TlsFiles
 from frontend.deadlines import Deadlines
 from frontend.listeners import Doors, serve
-from frontend.mqtt.codec import Decoder, encode
-from frontend.mqtt.packets import Connack, Connect, Packet, Pingreq, Suback, Subscribe
 from frontend.proxy_protocol import PROXY_V2_SIGNATURE
 from headwater.certs import Pair, ensure_dev_certs, issue
 from headwater.services.ports import free_port
+from mqttcore.codec import Decoder, encode
+from mqttcore.packets import Connack, Connect, Packet, Pingreq, Suback, Subscribe
 from tests.e2e.conftest import PARTITIONS, NodeFactory, eventually
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.realclients import HOST, Clients, PahoClient, Received, aiomqtt_next

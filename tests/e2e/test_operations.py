@@ -11,7 +11,7 @@ from collections.abc import Callable
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontend.metrics import DENIED, DROPPED, REFUSED
-from frontend.mqtt.packets import Puback, Publish
+from mqttcore.packets import Puback, Publish
 from tests.e2e.conftest import NodeFactory, http_get
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.realclients import Clients

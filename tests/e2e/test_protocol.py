@@ -6,8 +6,9 @@ statement it checks.
 
 from __future__ import annotations
 
-from frontend.mqtt.codec import encode
-from frontend.mqtt.packets import (
+from frontend.node import Node
+from mqttcore.codec import encode
+from mqttcore.packets import (
     Connack,
     Connect,
     Disconnect,
@@ -23,7 +24,6 @@ from frontend.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from frontend.node import Node
 from tests.e2e.conftest import eventually
 from tests.e2e.rawmqtt import RawClient
 

@@ -15,8 +15,8 @@ import contextlib
 import json
 import os
 
-from frontend.mqtt.channel import Limits
-from frontend.mqtt.packets import Connack, Connect, Disconnect, Puback, Publish
+from mqttcore.channel import Limits
+from mqttcore.packets import Connack, Connect, Disconnect, Puback, Publish
 from tests.conftest import free_port
 from tests.e2e.conftest import NodeFactory, launch_node_process
 from tests.e2e.rawmqtt import RawClient

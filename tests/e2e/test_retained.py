@@ -4,7 +4,7 @@ overlapping wildcard filters gets each retained message once, however many there
 
 from __future__ import annotations
 
-from frontend.mqtt.packets import Puback, Publish
+from mqttcore.packets import Puback, Publish
 from tests.e2e.conftest import NodeFactory, http_get
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.test_operations import samples

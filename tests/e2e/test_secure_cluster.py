@@ -29,10 +29,10 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from frontend.mqtt.codec import Decoder, encode
-from frontend.mqtt.packets import Connack, Connect, Disconnect
 from headwater.certs import Pair, make_ca
 from headwater.services.readiness import wait_until
+from mqttcore.codec import Decoder, encode
+from mqttcore.packets import Connack, Connect, Disconnect
 from tests.conftest import free_port
 from tests.integration.test_dev_cluster import DevUp
 

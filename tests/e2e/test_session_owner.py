@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from frontend.mqtt.channel import Limits
-from frontend.mqtt.packets import (
+from frontend.node import Node
+from mqttcore.channel import Limits
+from mqttcore.packets import (
     Connack,
     ConnackCode,
     Connect,
@@ -30,7 +31,6 @@ from frontend.mqtt.packets import (
     Publish,
     Suback,
 )
-from frontend.node import Node
 from tests.e2e.conftest import NodeFactory, eventually, http_get
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.test_access import password_file

@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from frontend.mqtt.packets import (
+from frontend.node import Node
+from frontend.sessions.saver import SAVE_INTERVAL
+from mqttcore.packets import (
     Connack,
     Connect,
     Disconnect,
@@ -27,8 +29,6 @@ from frontend.mqtt.packets import (
     Pubrel,
     Will,
 )
-from frontend.node import Node
-from frontend.sessions.saver import SAVE_INTERVAL
 from tests.conftest import free_port
 from tests.e2e.conftest import NodeFactory, eventually, launch_node_process
 from tests.e2e.rawmqtt import RawClient

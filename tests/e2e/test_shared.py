@@ -12,8 +12,8 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from frontend.mqtt.packets import SUBACK_FAILURE, Puback, Publish, Suback, Subscribe
 from frontend.node import Node
+from mqttcore.packets import SUBACK_FAILURE, Puback, Publish, Suback, Subscribe
 from router.partitioner import Router
 from tests.e2e.conftest import PARTITIONS, NodeFactory, eventually, http_get
 from tests.e2e.rawmqtt import RawClient

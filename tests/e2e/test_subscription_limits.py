@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from frontend.mqtt.packets import SUBACK_FAILURE, Connect, Puback, Publish, Subscribe, Will
 from frontend.node import Node
+from mqttcore.packets import SUBACK_FAILURE, Connect, Puback, Publish, Subscribe, Will
 from tests.e2e.rawmqtt import RawClient
 
 

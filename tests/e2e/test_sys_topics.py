@@ -13,10 +13,10 @@ import asyncio
 import signal
 from pathlib import Path
 
-from frontend.mqtt.packets import Puback, Publish
 from frontend.node import Node
 from frontend.systree import STALE_AFTER
 from headwater.services.haproxy import LocalHAProxy, Server
+from mqttcore.packets import Puback, Publish
 from router.partitioner import Router
 from tests.conftest import free_port
 from tests.e2e.conftest import PARTITIONS, NodeFactory, eventually, launch_node_process

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from frontend.mqtt.packets import Connack, Connect, Puback, Publish
+from mqttcore.packets import Connack, Connect, Puback, Publish
 from tests.conftest import free_port
 from tests.e2e.conftest import PARTITIONS, eventually, http_get, launch_node_process
 from tests.e2e.rawmqtt import RawClient

@@ -2,7 +2,7 @@
 
     python tests/fuzz/fuzz_mqtt.py [libFuzzer flags] NEW_CORPUS_DIR [SEED_DIR ...]
 
-``frontend.mqtt`` and the harness are instrumented as they are imported, so libFuzzer's coverage
+``mqttcore`` and the harness are instrumented as they are imported, so libFuzzer's coverage
 (``cov:``, ``ft:``) counts their branches.  libFuzzer writes the inputs it finds interesting to
 the first directory, and a crashing input to ``-artifact_prefix``; any exception that escapes
 ``run`` is a crash.
@@ -17,7 +17,7 @@ import atheris
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-with atheris.instrument_imports(include=["frontend.mqtt", "tests.fuzz"]):
+with atheris.instrument_imports(include=["mqttcore", "tests.fuzz"]):
     from tests.fuzz.harness import run
 
 

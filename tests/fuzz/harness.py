@@ -33,8 +33,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from frontend.mqtt import topics
-from frontend.mqtt.channel import (
+from mqttcore import topics
+from mqttcore.channel import (
     UNRESTRICTED,
     Action,
     AddSubscriptions,
@@ -49,7 +49,7 @@ from frontend.mqtt.channel import (
     Send,
     State,
 )
-from frontend.mqtt.codec import (
+from mqttcore.codec import (
     MAX_PACKET_SIZE,
     ConnectBounds,
     Decoder,
@@ -58,9 +58,9 @@ from frontend.mqtt.codec import (
     encode,
     wire_bytes,
 )
-from frontend.mqtt.errors import ProtocolError
-from frontend.mqtt.message import Message, MessageStamps
-from frontend.mqtt.packets import (
+from mqttcore.errors import ProtocolError
+from mqttcore.message import Message, MessageStamps
+from mqttcore.packets import (
     Connack,
     Packet,
     Pingresp,
@@ -72,7 +72,7 @@ from frontend.mqtt.packets import (
     Suback,
     Unsuback,
 )
-from frontend.mqtt.session import Outbound, Session
+from mqttcore.session import Outbound, Session
 
 MAX_PACKET_SIZES = (MAX_PACKET_SIZE, 65536, 512, 64)
 """Options bits 0-1: the decoder's maximum packet size (0: the protocol's maximum)."""

@@ -14,8 +14,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from frontend.mqtt.codec import Decoder
-from frontend.mqtt.errors import ProtocolError
+from mqttcore.codec import Decoder
+from mqttcore.errors import ProtocolError
 
 from .harness import Plan, make_input, run
 

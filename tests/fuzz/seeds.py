@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from frontend.mqtt.codec import encode
-from frontend.mqtt.packets import (
+from mqttcore.codec import encode
+from mqttcore.packets import (
     Connack,
     Connect,
     Disconnect,

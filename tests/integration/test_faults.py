@@ -24,7 +24,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from frontend.mqtt.packets import (
+from frontend.node import Node
+from frontend.sessions.redis import ALIVE_SECONDS
+from headwater.services.kafka import LocalKafka, LocalKafkaCluster
+from headwater.services.kafka_admin import ensure_topic
+from headwater.services.redis_server import LocalRedis
+from mqttcore.packets import (
     Disconnect,
     Pingreq,
     Pingresp,
@@ -32,11 +37,6 @@ from frontend.mqtt.packets import (
     Publish,
     Will,
 )
-from frontend.node import Node
-from frontend.sessions.redis import ALIVE_SECONDS
-from headwater.services.kafka import LocalKafka, LocalKafkaCluster
-from headwater.services.kafka_admin import ensure_topic
-from headwater.services.redis_server import LocalRedis
 from router.retry import OUTAGE_SECONDS
 from router.topics import messages_topic
 from tests.conftest import KAFKA_CLUSTER_REPLICATION

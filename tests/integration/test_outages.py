@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from frontend.mqtt.packets import Connack, Connect, Pingreq, Pingresp, Puback, Publish
 from frontend.node import Node, NodeConfig
 from headwater.services.kafka import KafkaPorts, LocalKafka
 from headwater.services.kafka_admin import ensure_topic
 from headwater.services.process import ChildProcess
 from headwater.services.redis_server import LocalRedis, require_redis_server
+from mqttcore.packets import Connack, Connect, Pingreq, Pingresp, Puback, Publish
 from tests.e2e.conftest import eventually, http_get
 from tests.e2e.rawmqtt import RawClient
 

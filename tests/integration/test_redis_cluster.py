@@ -16,14 +16,14 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from frontend.cluster import Coordinator
-from frontend.mqtt.message import Message
-from frontend.mqtt.packets import Connack, Connect, Disconnect
-from frontend.mqtt.session import StoredSession
 from frontend.node import Node, NodeConfig
 from frontend.retained import RedisRetainedStore
 from frontend.sessions.redis import RedisSessionStore
 from frontend.sessions.store import Acquired
 from headwater.services.kafka_admin import ensure_topic
+from mqttcore.message import Message
+from mqttcore.packets import Connack, Connect, Disconnect
+from mqttcore.session import StoredSession
 from tests.e2e.conftest import eventually
 from tests.e2e.rawmqtt import RawClient
 from tests.integration.conftest import REDIS_KINDS, OpenRedis

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from frontend.mqtt.message import Message
 from frontend.retained import BATCH, RedisRetainedStore, RetainedLimits
+from mqttcore.message import Message
 from tests.e2e.conftest import eventually
 from tests.integration.conftest import REDIS_KINDS, OpenRedis, keys_under
 

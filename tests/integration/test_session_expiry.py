@@ -17,10 +17,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from frontend.cluster import Coordinator
-from frontend.mqtt.session import StoredSession
 from frontend.sessions.redis import RedisSessionStore
 from frontend.sessions.store import Acquired, Lease, MemorySessionStore, SessionStore
 from headwater.services.redis_server import LocalRedis
+from mqttcore.session import StoredSession
 from tests.e2e.conftest import eventually
 from tests.integration.conftest import REDIS_KINDS, OpenRedis, keys_under
 

@@ -24,7 +24,6 @@ from dataclasses import replace
 
 import pytest
 
-from frontend.mqtt.session import StoredOutbound, StoredSession
 from frontend.sessions.redis import RedisSessionStore
 from frontend.sessions.store import (
     Acquired,
@@ -34,6 +33,7 @@ from frontend.sessions.store import (
     NotOwner,
     SessionStore,
 )
+from mqttcore.session import StoredOutbound, StoredSession
 from tests.integration.conftest import REDIS_KINDS, OpenRedis, keys_under
 
 MakeAlive = Callable[[str], Awaitable[None]]

@@ -21,7 +21,7 @@ import contextlib
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 
-from frontend.mqtt.message import Message
+from mqttcore.message import Message
 from router.record import RecordError, decode
 from spark_streaming.source import build_session
 from tests.e2e.conftest import log_topic, node, start_node

@@ -20,9 +20,9 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from frontend.mqtt.message import Message
 from frontend.node import Node
 from headwater.services.kafka_admin import ensure_topic
+from mqttcore.message import Message
 from router.partitioner import routing_key
 from router.record import HEADER, encode
 from spark_streaming.mqtt_sink import MqttSink

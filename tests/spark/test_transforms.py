@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from frontend.mqtt.message import Message
+from mqttcore.message import Message
 from router.record import HEADER, encode
 from spark_streaming.jobs import device_silence, top_publishers, traffic
 from spark_streaming.options import ANALYTICS_ORIGIN, JobOptions, OptionsError

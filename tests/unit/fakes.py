@@ -11,10 +11,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from frontend.mqtt.codec import Decoder, Wire, wire_bytes
-from frontend.mqtt.message import Message
-from frontend.mqtt.packets import Publish
-from frontend.mqtt.session import Outbound, Session
+from mqttcore.codec import Decoder, Wire, wire_bytes
+from mqttcore.message import Message
+from mqttcore.packets import Publish
+from mqttcore.session import Outbound, Session
 from router import record
 from router.catchup import CatchUp, Take
 from router.record import Record, wall_clock_stamps

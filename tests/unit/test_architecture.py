@@ -23,16 +23,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FIRST_PARTY = ("frontend", "router", "schemas", "spark_streaming", "headwater")
-PRODUCT = ("frontend", "router", "schemas", "spark_streaming")  # headwater is the CLI/tooling
+LAYERS = ("schemas", "mqttcore", "router", "frontend", "spark_streaming", "headwater")
+"""The packages bottom to top (``../shared/ARCHITECTURE.md``): each imports only those below it.
+``schemas`` holds the log's Avro files; ``mqttcore`` is the pure protocol; ``router`` the log and
+who gets a record; ``frontend`` the MQTT side of a node; ``spark_streaming`` the analytics on the
+log; ``headwater`` the CLI and dev tooling, which nothing imports."""
+FIRST_PARTY = LAYERS
+PRODUCT = LAYERS[:-1]  # headwater is the CLI/tooling
 
-CORE = "frontend.mqtt"
+CORE = "mqttcore"
 CORE_FORBIDDEN = ("asyncio", "socket", "confluent_kafka", "redis", "time", "os", "random", "uuid")
 SPARK_MAY_IMPORT = (
     "router.record",
     "router.partitioner",
     "router.topics",
-    "frontend.mqtt.message",
+    "mqttcore.message",
     "schemas",
 )
 MAX_MODULE_LINES = 700
@@ -199,7 +204,7 @@ def first_party(name: str) -> bool:
 def test_every_package_is_found() -> None:
     tops = {name.split(".")[0] for name in modules()}
     assert tops == set(FIRST_PARTY)
-    assert {"frontend.mqtt.channel", "router.record", "spark_streaming.jobs"} <= set(modules())
+    assert {"mqttcore.channel", "router.record", "spark_streaming.jobs"} <= set(modules())
 
 
 def test_no_import_cycle() -> None:
@@ -226,12 +231,24 @@ def test_product_does_not_import_the_tooling() -> None:
     assert not bad, "the product must not import headwater (CLI, dev tooling):\n" + "\n".join(bad)
 
 
-def test_router_imports_only_the_core_of_frontend() -> None:
-    def io_side(name: str) -> bool:
-        return within(name, "frontend") and not within(name, CORE)
+def upward(found: Iterable[Import]) -> list[str]:
+    """The imports of ``found`` that run up :data:`LAYERS`."""
 
-    bad = violations(lambda m: within(m, "router"), io_side)
-    assert not bad, f"router may import from frontend only {CORE}:\n" + "\n".join(bad)
+    def layer(name: str) -> int:
+        return LAYERS.index(name.split(".")[0])
+
+    return [str(i) for i in found if first_party(i.name) and layer(i.name) > layer(i.importer)]
+
+
+def test_packages_import_only_the_layers_below() -> None:
+    bad = upward(imports())
+    order = " < ".join(LAYERS)
+    assert not bad, f"an import runs up the layers ({order}):\n" + "\n".join(bad)
+
+
+def test_the_layer_check_sees_an_arrow_back_up() -> None:
+    down, up = Import("router.log", "mqttcore.codec", 3), Import("mqttcore.channel", "router", 9)
+    assert upward([down, up]) == ["mqttcore.channel:9 imports router"]
 
 
 def test_spark_streaming_imports_only_the_record_format() -> None:

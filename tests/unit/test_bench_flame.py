@@ -29,9 +29,9 @@ COLLAPSED = "\n".join(
     [
         # decode: the codec under data_received
         f"{LOOP};{DATA};_Input.take (frontend/connection.py:172);Decoder.feed "
-        "(frontend/mqtt/codec.py:154);Decoder._decode_packets (frontend/mqtt/codec.py:191) 40",
+        "(mqttcore/codec.py:154);Decoder._decode_packets (mqttcore/codec.py:191) 40",
         # channel: handle_in, with the message constructor (no rule) below it
-        f"{LOOP};{DATA};{DRAIN};Channel.handle_in (frontend/mqtt/channel.py:210);"
+        f"{LOOP};{DATA};{DRAIN};Channel.handle_in (mqttcore/channel.py:210);"
         "Message.__init__ (<string>:2) 20",
         # produce: record.encode under the log's produce, under the channel's run
         f"{LOOP};{DATA};{DRAIN};MqttConnection.run (frontend/connection.py:383);"
@@ -51,8 +51,8 @@ COLLAPSED = "\n".join(
         f"{LOOP};{PUMP};Dispatcher.dispatch (router/dispatch.py:166);Dispatcher._dispatch_one "
         "(router/dispatch.py:180) 6",
         f"{LOOP};{PUMP};Dispatcher.dispatch (router/dispatch.py:166);MqttConnection.deliver "
-        "(frontend/connection.py:320);Session.deliver (frontend/mqtt/session.py:300);"
-        "PublishTemplate.to_bytes (frontend/mqtt/codec.py:580) 7",
+        "(frontend/connection.py:320);Session.deliver (mqttcore/session.py:300);"
+        "PublishTemplate.to_bytes (mqttcore/codec.py:580) 7",
         # other: the loop, the pump itself, a native frame
         f"{LOOP};{PUMP} 3",
         f"{LOOP} 2",
@@ -63,15 +63,15 @@ COLLAPSED = "\n".join(
 
 
 def test_frames_are_split_into_function_and_file() -> None:
-    assert parse_frame("Decoder.feed (frontend/mqtt/codec.py:154)") == (
+    assert parse_frame("Decoder.feed (mqttcore/codec.py:154)") == (
         "Decoder.feed",
-        "frontend/mqtt/codec.py",
+        "mqttcore/codec.py",
     )
     assert parse_frame("f (a (b)/x.py)") == ("f (a (b)/x.py)", "")  # not our shape: kept whole
     assert parse_frame("<module> (spin.py)") == ("<module>", "spin.py")
     assert parse_frame("librdkafka.so") == ("librdkafka.so", "")
-    assert function_of("Decoder.feed (frontend/mqtt/codec.py:154)") == (
-        "Decoder.feed (frontend/mqtt/codec.py)"
+    assert function_of("Decoder.feed (mqttcore/codec.py:154)") == (
+        "Decoder.feed (mqttcore/codec.py)"
     )
 
 
@@ -81,12 +81,12 @@ def test_collapsed_stacks_are_read_root_first_with_their_counts() -> None:
 
 
 def test_the_deepest_matching_frame_decides() -> None:
-    frames = [LOOP, DATA, DRAIN, "Channel.handle_in (frontend/mqtt/channel.py:210)"]
+    frames = [LOOP, DATA, DRAIN, "Channel.handle_in (mqttcore/channel.py:210)"]
     assert bucket_of(frames) == "channel"
     assert bucket_of([*frames, "Message.__init__ (<string>:2)"]) == "channel"
     assert bucket_of([LOOP, PUMP]) == OTHER
-    assert bucket_of(["PublishTemplate.__init__ (frontend/mqtt/codec.py:560)"]) == "writes"
-    assert bucket_of(["_decode_publish (frontend/mqtt/codec.py:300)"]) == "decode"
+    assert bucket_of(["PublishTemplate.__init__ (mqttcore/codec.py:560)"]) == "writes"
+    assert bucket_of(["_decode_publish (mqttcore/codec.py:300)"]) == "decode"
     # a full path (py-spy --full-filenames) matches by its tail, a lookalike does not
     assert bucket_of(["LogReader.serve (/work/main/router/reader.py:75)"]) == "consume"
     assert bucket_of(["LogReader.serve (notrouter/reader.py:75)"]) == OTHER
@@ -124,7 +124,7 @@ def test_self_samples_rank_functions_without_line_numbers() -> None:
                         "(router/dispatch.py:168);Dispatcher._dispatch_one "
                         "(router/dispatch.py:185) 30")  # fmt: skip
     top = summary.self_samples
-    assert top[0] == ("Decoder._decode_packets (frontend/mqtt/codec.py)", 40, "decode")
+    assert top[0] == ("Decoder._decode_packets (mqttcore/codec.py)", 40, "decode")
     assert top[1] == ("Dispatcher._dispatch_one (router/dispatch.py)", 36, "dispatch")
     assert top[-1][1] <= top[-2][1]
     assert sum(n for _, n, _ in top) == summary.samples

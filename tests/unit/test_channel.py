@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from frontend.mqtt.channel import (
+from mqttcore.channel import (
     UNRESTRICTED,
     Action,
     AddSubscriptions,
@@ -29,10 +29,10 @@ from frontend.mqtt.channel import (
     State,
     Unrestricted,
 )
-from frontend.mqtt.codec import Decoder, PublishTemplate
-from frontend.mqtt.errors import ConnectRefused, MalformedPacket, ProtocolError
-from frontend.mqtt.message import Message, MessageStamps
-from frontend.mqtt.packets import (
+from mqttcore.codec import Decoder, PublishTemplate
+from mqttcore.errors import ConnectRefused, MalformedPacket, ProtocolError
+from mqttcore.message import Message, MessageStamps
+from mqttcore.packets import (
     SUBACK_FAILURE,
     Connack,
     Connect,
@@ -51,7 +51,7 @@ from frontend.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from frontend.mqtt.session import Outbound, Session
+from mqttcore.session import Outbound, Session
 
 NODE = "node-7"
 STAMPS = MessageStamps(NODE, lambda: 1_700_000_000_000, bytes(8))

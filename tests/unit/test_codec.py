@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frontend.mqtt import codec
-from frontend.mqtt.codec import (
+from mqttcore import codec
+from mqttcore.codec import (
     SHARED_PAYLOAD_BYTES,
     Decoder,
     PublishTemplate,
@@ -24,8 +24,8 @@ from frontend.mqtt.codec import (
     encode_publish,
     wire_bytes,
 )
-from frontend.mqtt.errors import ConnectRefused, MalformedPacket, PacketTooLarge, ProtocolError
-from frontend.mqtt.packets import (
+from mqttcore.errors import ConnectRefused, MalformedPacket, PacketTooLarge, ProtocolError
+from mqttcore.packets import (
     SUBACK_FAILURE,
     Connack,
     Connect,

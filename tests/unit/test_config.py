@@ -25,9 +25,9 @@ from frontend.config import (
     log_settings,
 )
 from frontend.config_file import README, keys, parse_args, render_example, render_table, with_table
-from frontend.mqtt.channel import Limits
 from headwater.devcluster.up import UpOptions, anonymous_line
 from headwater.errors import SettingError
+from mqttcore.channel import Limits
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "headwater.example.toml"
 REQUIRED = 'node-id = "n1"\nkafka-bootstrap = "k:9092"\n'

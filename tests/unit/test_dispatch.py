@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from frontend.mqtt.codec import PublishTemplate
-from frontend.mqtt.message import Message
-from frontend.mqtt.session import Outbound, Session
+from mqttcore.codec import PublishTemplate
+from mqttcore.message import Message
+from mqttcore.session import Outbound, Session
 from router.delivery import delivery_qos
 from router.dispatch import Dispatcher
 from router.partitioner import Router

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from frontend.mqtt.codec import encode
-from frontend.mqtt.packets import (
+from mqttcore.codec import encode
+from mqttcore.packets import (
     Connack,
     Connect,
     Disconnect,

@@ -18,7 +18,7 @@ from frontend.config import (
     config_from_args,
 )
 from frontend.config_file import parse_args
-from frontend.mqtt.codec import DEFAULT_MAX_CONNECT_SIZE, DEFAULT_MAX_WILL_SIZE
+from mqttcore.codec import DEFAULT_MAX_CONNECT_SIZE, DEFAULT_MAX_WILL_SIZE
 
 REQUIRED = ["--node-id", "n1", "--kafka-bootstrap", "k:9092"]
 

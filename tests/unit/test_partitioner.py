@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from frontend.mqtt.topics import matches
+from mqttcore.topics import matches
 from router.partitioner import Router, murmur2, partition_for_key, routing_key
 
 # Apache Kafka, clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java, testMurmur2.

@@ -3,8 +3,8 @@ not bring a cleared topic back, the limits refuse and count, a wildcard is read 
 
 from __future__ import annotations
 
-from frontend.mqtt.message import Message
 from frontend.retained import BATCH, MemoryRetainedStore, RetainedLimits
+from mqttcore.message import Message
 
 
 def message(topic: str, payload: bytes) -> Message:

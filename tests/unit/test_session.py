@@ -19,9 +19,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from frontend.mqtt.codec import Decoder, PublishTemplate
-from frontend.mqtt.packets import Packet, Publish, Pubrel
-from frontend.mqtt.session import MAX_PACKET_ID, Outbound, Session
+from mqttcore.codec import Decoder, PublishTemplate
+from mqttcore.packets import Packet, Publish, Pubrel
+from mqttcore.session import MAX_PACKET_ID, Outbound, Session
 from router.record import wall_clock_stamps
 
 STAMPS = wall_clock_stamps("node-1")

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from frontend.mqtt.channel import Limits
-from frontend.mqtt.session import Session, StoredSession
 from frontend.retained import MemoryRetainedStore
 from frontend.sessions.manager import Owned, SessionManager
 from frontend.sessions.store import Lease, MemorySessionStore
+from mqttcore.channel import Limits
+from mqttcore.session import Session, StoredSession
 from router import record
 from router.dispatch import Dispatcher
 from router.partitioner import Router

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.mqtt.channel import Limits
-from frontend.mqtt.packets import Connect
-from frontend.mqtt.session import Session
 from frontend.retained import MemoryRetainedStore
 from frontend.sessions.manager import NotOwnerError, Owned, SessionManager
+from mqttcore.channel import Limits
+from mqttcore.packets import Connect
+from mqttcore.session import Session
 from router.dispatch import Dispatcher
 from tests.unit.fakes import STAMPS, FakeClient, FakeLog
 from tests.unit.test_session_manager import ROUTER, manager, released

@@ -9,10 +9,10 @@ evicted first, and ``has_room`` says no so that QoS 1/2 messages are read back f
 
 from __future__ import annotations
 
-from frontend.mqtt.channel import Channel, Limits
-from frontend.mqtt.codec import Decoder, PublishTemplate, Wire, wire_bytes
-from frontend.mqtt.packets import Connect, Publish, Pubrel
-from frontend.mqtt.session import Outbound, Session, StoredSession
+from mqttcore.channel import Channel, Limits
+from mqttcore.codec import Decoder, PublishTemplate, Wire, wire_bytes
+from mqttcore.packets import Connect, Publish, Pubrel
+from mqttcore.session import Outbound, Session, StoredSession
 from router.record import wall_clock_stamps
 
 STAMPS = wall_clock_stamps("node-1")

@@ -1,5 +1,5 @@
 """The pure parts of shared subscriptions: Kafka group ids, member choice, the bounds, and
-SUBACK codes of the filters a bound refuses (``router.shared``, ``frontend.mqtt.channel``)."""
+SUBACK codes of the filters a bound refuses (``router.shared``, ``mqttcore.channel``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from frontend.config import ConfigError, config_from_args
 from frontend.config_file import parse_args
-from frontend.mqtt.channel import AddSubscriptions
-from frontend.mqtt.packets import SUBACK_FAILURE
-from frontend.mqtt.session import Session
+from mqttcore.channel import AddSubscriptions
+from mqttcore.packets import SUBACK_FAILURE
+from mqttcore.session import Session
 from router.partitioner import Router
 from router.shared import ShareGroup, ShareGroups, ShareLimits, group_id
 

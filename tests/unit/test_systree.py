@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 
 from frontend.config import ConfigError, build_parser, config_from_args
-from frontend.mqtt.message import Message, MessageStamps
-from frontend.mqtt.session import Session
 from frontend.retained import MemoryRetainedStore, RetainedStore
 from frontend.systree import (
     LOADS,
@@ -23,6 +21,8 @@ from frontend.systree import (
     sample,
     wants_totals,
 )
+from mqttcore.message import Message, MessageStamps
+from mqttcore.session import Session
 from router.dispatch import Dispatcher
 from router.partitioner import Router
 from router.record import Record, wall_clock_stamps

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from frontend.mqtt.errors import MalformedPacket
-from frontend.mqtt.topics import (
+from mqttcore.errors import MalformedPacket
+from mqttcore.topics import (
     MAX_TOPIC_LEVELS,
     is_valid_filter,
     matches,

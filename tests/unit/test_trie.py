@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frontend.mqtt.topics import is_valid_filter, matches
+from mqttcore.topics import is_valid_filter, matches
 from router.index import SubscriptionTrie
 
 _LITERALS = ["", "$SYS", "a", "b"]

@@ -91,7 +91,7 @@ BUCKETS: tuple[Bucket, ...] = (
     Bucket(
         "channel",
         "channel + session",
-        "frontend/mqtt/channel.py, session.py, message.py; connection.py's `_drain`/`run`",
+        "mqttcore/channel.py, session.py, message.py; connection.py's `_drain`/`run`",
     ),
     Bucket(
         "produce",
@@ -153,7 +153,7 @@ def rule(bucket: str, file: str, functions: str = "") -> Rule:
     return Rule(bucket, file, tuple(functions.split()))
 
 
-CODEC, CONNECTION = "frontend/mqtt/codec.py", "frontend/connection.py"
+CODEC, CONNECTION = "mqttcore/codec.py", "frontend/connection.py"
 PUBLISHING, LOG, RECORD = "frontend/publishing.py", "router/log.py", "router/record.py"
 RULES: tuple[Rule, ...] = (
     # the encode side of the codec; the rest of it decodes
@@ -164,9 +164,9 @@ RULES: tuple[Rule, ...] = (
     rule("writes", CONNECTION, "_Output.* Writes.*"),
     rule("dispatch", CONNECTION, "MqttConnection.deliver"),
     rule("channel", CONNECTION, "MqttConnection.*"),
-    rule("channel", "frontend/mqtt/channel.py"),
-    rule("channel", "frontend/mqtt/session.py"),
-    rule("channel", "frontend/mqtt/message.py"),
+    rule("channel", "mqttcore/channel.py"),
+    rule("channel", "mqttcore/session.py"),
+    rule("channel", "mqttcore/message.py"),
     rule("reports", PUBLISHING, "Publishing._produce.<locals>.*"),
     rule("produce", PUBLISHING, "Publishing.produce Publishing._produce Publishing._retry"),
     rule("reports", PUBLISHING),

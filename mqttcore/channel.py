@@ -36,11 +36,11 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from frontend.mqtt import topics
-from frontend.mqtt.codec import Wire, encode
-from frontend.mqtt.errors import ConnectRefused, ProtocolError
-from frontend.mqtt.message import Message, MessageStamps
-from frontend.mqtt.packets import (
+from mqttcore import topics
+from mqttcore.codec import Wire, encode
+from mqttcore.errors import ConnectRefused, ProtocolError
+from mqttcore.message import Message, MessageStamps
+from mqttcore.packets import (
     SUBACK_FAILURE,
     Connack,
     ConnackCode,
@@ -60,7 +60,7 @@ from frontend.mqtt.packets import (
     Unsubscribe,
     Will,
 )
-from frontend.mqtt.session import (
+from mqttcore.session import (
     DEFAULT_MAX_INFLIGHT,
     DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_QUEUED_BYTES,

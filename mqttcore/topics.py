@@ -20,7 +20,7 @@ Well-formed UTF-8 (no surrogates) is the decoder's job [MQTT-1.5.3-1]; this modu
 
 from __future__ import annotations
 
-from frontend.mqtt.errors import MalformedPacket
+from mqttcore.errors import MalformedPacket
 
 MAX_TOPIC_BYTES = 65535
 MAX_TOPIC_LEVELS = 200

@@ -33,9 +33,9 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol
 
-from frontend.mqtt.codec import PublishTemplate, Wire, encode
-from frontend.mqtt.message import Message
-from frontend.mqtt.packets import Pubrel
+from mqttcore.codec import PublishTemplate, Wire, encode
+from mqttcore.message import Message
+from mqttcore.packets import Pubrel
 
 MAX_PACKET_ID = 65535
 DEFAULT_MAX_INFLIGHT = 32
