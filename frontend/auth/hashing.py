@@ -22,9 +22,12 @@ from typing import TypeVar
 THREADS = 2
 """Checks running at once: a node's hashing never takes more than two cores."""
 
-WAITING = 256
-"""Checks waiting for a thread at most; at 0.14 s a check (the dearest allowed), the last of
-them is answered within about 18 s, inside a client's usual CONNACK timeout."""
+WAITING = 20_000
+"""Checks waiting for a thread at most: as many as a node takes connections by default here
+(``--max-connections`` from the file limit), so a storm of legitimate reconnects waits its turn
+and is answered later, never refused (at ``mosquitto_passwd``'s 101 iterations a check costs
+~0.1 ms: 20,000 take about a second on two threads); the bound only keeps the queue finite.
+A guesser is stopped before it by the per-address throttle (``frontend.auth.throttle``)."""
 
 _Result = TypeVar("_Result")
 
