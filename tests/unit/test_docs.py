@@ -283,7 +283,7 @@ def _dotted(reference: str) -> str | None:
 
 
 @functools.cache
-def test_names() -> dict[str, set[str]]:
+def defined_tests() -> dict[str, set[str]]:
     return {
         name.removeprefix("tests.").replace(".", "/"): module.names
         for name, module in modules().items()
@@ -310,13 +310,13 @@ def problems_of(path: Path) -> list[str]:
     for reference in backquoted(path):
         reference = reference.strip()
         if m := TEST_REF.match(reference):
-            names = test_names().get(m.group(1))
+            names = defined_tests().get(m.group(1))
             if names is None:
                 problems.append(f"no test file tests/{m.group(1)}.py")
             elif m.group(2) and m.group(2) not in names:
                 problems.append(f"no test {m.group(2)} in tests/{m.group(1)}.py")
         elif BARE_TEST.match(reference):
-            if not any(reference in names for names in test_names().values()):
+            if not any(reference in names for names in defined_tests().values()):
                 problems.append(f"no test named {reference}")
         elif (
             reference.endswith(SOURCE_SUFFIXES)
