@@ -277,7 +277,8 @@ class MqttConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.owned: Owned | None = None
         self.login: Login | None = None
-        """Who the client proved to be, once it has: what a reload checks again (SIGHUP)."""
+        """The login of a client that proved itself by a password: what a reload checks again
+        (SIGHUP).  Kept only then: an idle fleet without passwords holds none."""
         self.peer: tuple[str, int] | None = None
         """The client's address when a load balancer's PROXY header gave it
         (``frontend.listeners``); else the socket's peer is."""
@@ -491,7 +492,8 @@ class MqttConnection(asyncio.Protocol):
         if login.access is None:
             self.run(self.channel.session_refused(login.code, login.reason))
             return
-        self.login = login
+        if login.proof is not None:  # a password a reload may take away (nothing else to keep)
+            self.login = login
         if not services.log.available:
             self.run(outages.kafka_unavailable_at_connect(self.channel))
             return

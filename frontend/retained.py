@@ -40,10 +40,12 @@ BUCKETS``: every key of a bucket shares one Redis Cluster slot, and one script u
 
 Every key goes when it is empty: a store whose messages were all cleared holds nothing but the
 markers, until they expire.  The limits are cluster-wide over the buckets' totals: a node sums
-them (one pipelined read, at most every :data:`TOTALS_FRESH` seconds, and each write's answer
-updates its bucket), and each write's script refuses what goes beyond the room that sum leaves.
-Other nodes' writes of the last :data:`TOTALS_FRESH` seconds may be unseen: the store can exceed
-a limit by what the cluster writes in that time, never by more.
+them (one pipelined read, at most every :data:`TOTALS_FRESH` seconds once within
+:data:`NEAR_LIMIT` of a limit, every :data:`TOTALS_QUIET` seconds below that, and each write's
+answer updates its bucket), and each write's script refuses what goes beyond the room that sum
+leaves.  Other nodes' writes since the last sum may be unseen: near a limit, the store can
+exceed it by what the cluster writes in a second; further below, a cluster that writes more than
+the remaining tenth of a limit within a minute can overshoot by the rest.
 """
 
 from __future__ import annotations
@@ -81,7 +83,13 @@ BATCH_BYTES = 1 << 20
 BUCKETS = 128
 """Buckets of routing keys (each a Redis Cluster slot): changing it is a migration."""
 TOTALS_FRESH = 1.0
-"""Seconds a node trusts the buckets' totals it summed before summing them again."""
+"""Seconds a node trusts the buckets' totals it summed before summing them again, once they
+are within :data:`NEAR_LIMIT` of a limit."""
+TOTALS_QUIET = 60.0
+"""... and while they are further below: a store far from its limits costs Redis one pipelined
+read a minute, not one a second (each ``$SYS`` report is a retained write)."""
+NEAR_LIMIT = 0.9
+"""The share of a limit from which the totals are summed every :data:`TOTALS_FRESH` seconds."""
 REFUSALS_LOGGED_EVERY = 60.0
 """Seconds between two log lines about refused retained messages."""
 
@@ -343,7 +351,12 @@ class RedisRetainedStore:
     async def _sum_totals(self) -> None:
         """Sum the buckets' totals again if they are older than :data:`TOTALS_FRESH`."""
         async with self._summing:
-            if time.monotonic() - self.totals.read_at < TOTALS_FRESH:
+            totals, limits = self.totals, self.limits
+            near = (
+                totals.count >= limits.max_count * NEAR_LIMIT
+                or totals.bytes >= limits.max_bytes * NEAR_LIMIT
+            )
+            if time.monotonic() - totals.read_at < (TOTALS_FRESH if near else TOTALS_QUIET):
                 return
             pipe = self.redis.pipeline(transaction=False)
             for bucket in range(BUCKETS):
