@@ -48,8 +48,9 @@ from headwater.services.redis_server import LocalRedis
 BEGIN, END = "<!-- hostile:begin -->", "<!-- hostile:end -->"
 BROKERS = ("mosquitto", "headwater")
 PARTITIONS = 12
-PROBE_TIMEOUT = 90.0
-"""Seconds one probe may take at most, on one broker."""
+PROBE_TIMEOUT = 240.0
+"""Seconds one probe may take at most, on one broker: the retained probe waits up to
+:data:`MARKERS_WAIT` for Headwater's clear markers to expire after its own minute at most."""
 ALICE: Login = ("alice", "alice-secret")
 BOB: Login = ("bob", "bob-secret")
 ACL = "user alice\ntopic readwrite alice/#\n\nuser bob\ntopic readwrite bob/#\n"
