@@ -487,7 +487,8 @@ def test_the_figure_rule_catches_a_figure_benchmarks_md_does_not_hold() -> None:
     figures = [f for f, _ in benchmark_figures(text)]
     assert figures == ["5,400", "7,100", "6.2", "9.1"]
     assert [f for f in figures if not in_benchmarks(f)] == ["5,400", "7,100", "9.1"]
-    assert in_benchmarks("99,558") and in_benchmarks("3.9") and in_benchmarks("864")
+    held = re.findall(r"\d[\d,]*\.?\d*", BENCHMARKS.read_text())  # whatever the last run wrote
+    assert held and all(in_benchmarks(figure.rstrip(".,")) for figure in held[:50])
 
 
 def test_the_run_design_names_is_the_one_benchmarks_md_records() -> None:
