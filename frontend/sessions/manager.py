@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar, cast
 
+from frontend import outages
 from frontend.cluster import FORCE_AFTER, Coordinator
 from frontend.outages import in_background
 from frontend.retained import RetainedStore
@@ -189,7 +190,31 @@ class SessionManager:
         soon as it is open (the other node would otherwise take the session by force)."""
         if client_id in self._acquiring:
             self._asked_to_let_go.add(client_id)
-        self.dispatcher.take_over(client_id)
+        holder = self.dispatcher.subscriber(client_id)
+        owned = cast(Holder, holder).owned if holder is not None else None
+        if owned is None:
+            self.dispatcher.take_over(client_id)
+            return
+        task = asyncio.get_running_loop().create_task(self._let_go_if_held(owned))
+        task.add_done_callback(lambda done: _report_failure(done, owned.holder))
+
+    async def _let_go_if_held(self, owned: Owned) -> None:
+        """Close the connection of a session another node asks for: with its will if the lease
+        is still ours, without it if the session was taken by force meanwhile (this node was
+        stuck; the taker published the will, and its news may reach the inbox after the
+        request)."""
+        try:
+            held = await self.store.holds(owned.lease)
+        except outages.STORE_ERRORS:
+            held = True  # cannot tell: let go as asked, as before
+        if owned.closed:
+            return
+        if held:
+            self.dispatcher.take_over(owned.lease.client_id)
+        else:
+            client_id = owned.lease.client_id
+            log.warning("client %s: session taken by force elsewhere; closing", client_id)
+            owned.holder.lose_session()
 
     def taken_elsewhere(self, client_id: str, token: int) -> None:
         """Another node took ``client_id``'s session by force with ``token`` (this node did not

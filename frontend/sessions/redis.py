@@ -468,6 +468,10 @@ class RedisSessionStore:
     async def keep_will(self, lease: Lease, will: bytes) -> None:
         await self._keeping_wills((self._keys(lease.client_id), [lease.token, will]))
 
+    async def holds(self, lease: Lease) -> bool:
+        token = await self.redis.hget(self._keys(lease.client_id)[0], "token")
+        return token is not None and int(token) == lease.token
+
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         keys = self._keys(lease.client_id)
         return bool(await self._saving((keys, [lease.token, *_session_args(state)])))

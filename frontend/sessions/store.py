@@ -86,6 +86,9 @@ class SessionStore(Protocol):
         """Store the connection's will (a log record), so that another node publishes it if
         this node dies with the connection open [MQTT-3.1.2-8]; release drops it."""
 
+    async def holds(self, lease: Lease) -> bool:
+        """Whether ``lease`` is still the session's (no other connection took it since)."""
+
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         """Store ``state``; False if the lease is no longer current."""
 
@@ -157,6 +160,9 @@ class MemorySessionStore:
 
     async def keep_will(self, lease: Lease, will: bytes) -> None:
         """Nothing to do: in one process a will dies with the node that would publish it."""
+
+    async def holds(self, lease: Lease) -> bool:
+        return self._current(lease)
 
     def _current(self, lease: Lease) -> bool:
         return self._owners.get(lease.client_id) == lease

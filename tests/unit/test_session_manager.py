@@ -248,3 +248,37 @@ async def test_a_connection_on_an_older_lease_closes_without_its_will_when_told(
     assert holder.lost == 0
     sessions.taken_elsewhere("dev", owned.lease.token + 1)
     assert holder.lost == 1
+
+
+async def answered(holder: FakeClient) -> None:
+    """Until the connection was closed, one way or the other (a few loop turns at most)."""
+    for _ in range(100):
+        if holder.lost or holder.taken_over:
+            return
+        await asyncio.sleep(0)
+
+
+async def test_a_request_to_let_go_of_a_session_taken_meanwhile_closes_without_the_will() -> None:
+    # A stuck node wakes to the request before the news that the session was taken: the store
+    # says the lease is no longer its, so the connection goes without a second will.
+    store = MemorySessionStore()
+    sessions = manager(store=store)
+    owned = await connect(sessions, "dev")
+    holder = owned.holder
+    assert isinstance(holder, FakeClient)
+    holder.owned = owned
+    await store.acquire("dev", "other-node", clean=False, force=True)  # taken by force
+    sessions.release_requested("dev")
+    await answered(holder)  # the check is one store read away
+    assert holder.lost == 1 and holder.taken_over == 0
+
+
+async def test_a_request_to_let_go_of_a_session_still_held_closes_it_with_its_will() -> None:
+    sessions = manager()
+    owned = await connect(sessions, "dev")
+    holder = owned.holder
+    assert isinstance(holder, FakeClient)
+    holder.owned = owned
+    sessions.release_requested("dev")
+    await answered(holder)
+    assert holder.taken_over == 1 and holder.lost == 0
