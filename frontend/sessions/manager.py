@@ -190,8 +190,7 @@ class SessionManager:
         soon as it is open (the other node would otherwise take the session by force)."""
         if client_id in self._acquiring:
             self._asked_to_let_go.add(client_id)
-        holder = self.dispatcher.subscriber(client_id)
-        owned = cast(Holder, holder).owned if holder is not None else None
+        owned = self._served(client_id)
         if owned is None:
             self.dispatcher.take_over(client_id)
             return
@@ -220,11 +219,15 @@ class SessionManager:
         """Another node took ``client_id``'s session by force with ``token`` (this node did not
         answer in time): a connection here on an older lease closes without its will, which
         the other node published."""
-        holder = self.dispatcher.subscriber(client_id)
-        owned = cast(Holder, holder).owned if holder is not None else None  # attach() gives Holders
+        owned = self._served(client_id)
         if owned is not None and owned.lease.token < token:
             log.warning("client %s: session taken by force elsewhere; closing", client_id)
             owned.holder.lose_session()
+
+    def _served(self, client_id: str) -> Owned | None:
+        """The session of ``client_id`` a connection here serves now, if any."""
+        holder = self.dispatcher.subscriber(client_id)
+        return cast(Holder, holder).owned if holder is not None else None  # attach() gives Holders
 
     def abandon(self, lease: Lease, stored: StoredSession | None) -> None:
         """The connection went away while its session was acquired: let go, keeping ``stored``."""
