@@ -238,16 +238,20 @@ _APPLY_RETAINED = """
 -- KEYS: the routing key's index (o) and messages (m), the topic's marker (x), the bucket's keys
 -- set and totals.  ARGV: topic, record ('' to clear), offset, partition, routing key,
 -- room for messages, room for bytes, marker lifetime (ms).
+-- Answers the verdict, then the bucket's count and bytes when they changed.  A topic with a
+-- message has no marker (a write deletes it), so an update reads neither marker nor totals.
 local topic, value, offset = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local function totals()
-  local t = redis.call('HMGET', KEYS[5], 'count', 'bytes')
-  return {tonumber(t[1] or 0), tonumber(t[2] or 0)}
-end
 local current = redis.call('HGET', KEYS[1], topic)
-local cleared = redis.call('GET', KEYS[3])
-if (current and tonumber(string.match(current, '^%S+')) >= offset)
-    or (cleared and tonumber(cleared) >= offset) then
-  return {'older', totals()}
+local cleared = nil
+if current then
+  if tonumber(string.match(current, '^%S+')) >= offset then
+    return {'older'}
+  end
+else
+  cleared = redis.call('GET', KEYS[3])
+  if cleared and tonumber(cleared) >= offset then
+    return {'older'}
+  end
 end
 local held = current and tonumber(string.match(current, '(%S+)$')) or 0
 local verdict = 'cleared'
@@ -260,11 +264,19 @@ if value ~= '' then
   else
     redis.call('HSET', KEYS[1], topic, ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. size)
     redis.call('HSET', KEYS[2], topic, value)
-    redis.call('SADD', KEYS[4], ARGV[5])
-    redis.call('DEL', KEYS[3])
-    redis.call('HINCRBY', KEYS[5], 'count', added)
-    redis.call('HINCRBY', KEYS[5], 'bytes', size - held)
-    return {'stored', totals()}
+    if not current then
+      redis.call('SADD', KEYS[4], ARGV[5])
+      if cleared then
+        redis.call('DEL', KEYS[3])
+      end
+      local count = redis.call('HINCRBY', KEYS[5], 'count', 1)
+      return {'stored', count, redis.call('HINCRBY', KEYS[5], 'bytes', size)}
+    end
+    if size ~= held then
+      local bytes = redis.call('HINCRBY', KEYS[5], 'bytes', size - held)
+      return {'stored', redis.call('HGET', KEYS[5], 'count'), bytes}
+    end
+    return {'stored'}
   end
 end
 if current then
@@ -280,7 +292,8 @@ if current then
   end
 end
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[8])
-return {verdict, totals()}
+local t = redis.call('HMGET', KEYS[5], 'count', 'bytes')
+return {verdict, t[1] or 0, t[2] or 0}
 """
 
 
@@ -340,9 +353,10 @@ class RedisRetainedStore:
         room = [limits.max_count - totals.count, limits.max_bytes - totals.bytes]
         marker_ms = max(1, int(self.cleared_for * 1000))
         args: list[str | bytes | int] = [topic, value, offset, partition, key, *room, marker_ms]
-        answer, (count, size) = await self._apply(keys=keys, args=args)
-        totals.update(bucket, int(count), int(size))
-        verdict = _text(answer)
+        answer = await self._apply(keys=keys, args=args)
+        if len(answer) == 3:
+            totals.update(bucket, int(answer[1]), int(answer[2]))
+        verdict = _text(answer[0])
         if verdict == "count":
             self.limits.refuse(topic, f"{totals.count} retained messages kept")
         elif verdict == "bytes":

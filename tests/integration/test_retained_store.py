@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from frontend.retained import BATCH, RedisRetainedStore, RetainedLimits
 from mqttcore.message import Message
+from router import record
 from tests.e2e.conftest import eventually
 from tests.integration.conftest import REDIS_KINDS, OpenRedis, keys_under
 
@@ -147,3 +148,40 @@ async def test_a_wildcard_filter_streams_every_match_in_batches(
         got = [r.message.topic for batch in batches for r in batch]
         assert sorted(got) == sorted(expected), topic_filter  # each once
         assert len(batches) > 1 and all(len(batch) <= BATCH for batch in batches)
+
+
+@pytest.mark.parametrize("kind", REDIS_KINDS)
+async def test_the_totals_follow_every_kind_of_write_and_an_unchanged_size_costs_four_commands(
+    kind: str, open_redis: OpenRedis, redis_prefix: str
+) -> None:
+    """What the buckets' totals say is what the store holds, through new topics, updates of
+    the same and of another size, stale writes and clears; and a ``$SYS``-like update of the
+    same size costs Redis the script and its three calls (it reads no marker, no totals)."""
+    client = open_redis(kind)
+    store = RedisRetainedStore(client, 2, redis_prefix)
+    writes = [
+        ("a/1/s", b"one", 1),
+        ("a/2/s", b"two", 1),
+        ("a/1/s", b"uno", 2),  # same size
+        ("a/2/s", b"longer", 3),  # grows
+        ("a/2/s", b"old", 2),  # older: ignored
+        ("a/1/s", b"", 4),  # a clear
+        ("a/1/s", b"back", 5),  # set again after its clear
+        ("b/9/s", b"x" * 50, 1),
+        ("b/9/s", b"y", 2),  # shrinks
+    ]
+    for topic, payload, offset in writes:
+        await store.apply(message(topic, payload), 0, offset)
+    held = await store.match("#")
+    # a fresh store sums every bucket's totals, as another node would
+    fresh = RedisRetainedStore(client, 2, redis_prefix)
+    await fresh._sum_totals()
+    assert fresh.totals.count == len(held) == 3
+    stored = sum(len(r.message.topic) + len(record.encode(r.message)) for r in held)
+    assert fresh.totals.bytes == stored
+    assert (store.totals.count, store.totals.bytes) == (fresh.totals.count, fresh.totals.bytes)
+    if kind == "redis":
+        before = int((await client.info("stats"))["total_commands_processed"])
+        await store.apply(message("a/1/s", b"BACK"), 0, 6)
+        after = int((await client.info("stats"))["total_commands_processed"])
+        assert after - before - 1 == 4  # less our INFO: EVALSHA, HGET, HSET, HSET
