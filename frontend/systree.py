@@ -40,6 +40,7 @@ from frontend.outages import LOG_ERRORS, every, in_background
 from frontend.retained import RetainedStore
 from mqttcore import topics
 from mqttcore.message import Message, MessageStamps
+from router import record
 from router.dispatch import Dispatcher
 from router.log import KafkaLog
 from router.record import Record
@@ -279,7 +280,7 @@ class SysTree:
         for name, value in self.figures.changed(figures).items():
             topic = f"{NODES_PREFIX}{self.node_id}/{name}"
             message = self.stamps.message(topic, value.encode(), 0, True, "")
-            if not self.log.produce(message, self._stored(message)):
+            if not self.log.produce(message, self._stored(message), kind=record.SYS):
                 break  # the producer queue is full: the rest next time
             sent[name] = value
         self.reports_published += len(sent)

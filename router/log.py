@@ -2,10 +2,12 @@
 
 Writes: each message goes to the partition its topic's routing key hashes to (see
 ``router.partitioner``), keyed by that routing key, with an idempotent producer and ``acks=all``.
-``produce`` never blocks: the record joins its partition's batch of this loop iteration, and the
-batches go to librdkafka together at the end of it (``produce_batch``, one call per partition):
-one lock and one wake-up of librdkafka's sender per batch, not per message, which cost more than
-the rest of a message's produce path together.  A full producer queue makes ``produce`` return
+Every record carries the headers of ``router.record.headers`` (the message's MQTT metadata and
+its kind, ``kind``: who wrote it) and the message's own time as its Kafka timestamp
+(docs/log.md).  ``produce`` never blocks: the record joins this loop iteration's outbox, which
+goes to librdkafka at the end of it, one ``produce()`` per record (``produce_batch`` takes
+neither headers nor timestamps; per message it cost no less, measured by
+``tests/integration/log_produce_cost.py``).  A full producer queue makes ``produce`` return
 False; the caller stops reading from its client and is called back once it has drained.
 
 Reads: :class:`router.reader.LogReader`, one per node, whatever the number of clients, sessions
@@ -119,18 +121,24 @@ def security_settings(text: str) -> dict[str, str]:
     return settings
 
 
-class Outbox:
-    """The records of this loop iteration, per partition, until they go to librdkafka together
-    (one ``produce_batch`` per partition), and whom to tell if one is refused."""
+OutboxRecord = tuple[
+    int, bytes, bytes, "list[tuple[str, bytes]] | None", int, Any, "DeliveryCallback | None"
+]
+"""(partition, value, key, headers, timestamp, librdkafka's callback, whom to tell if refused):
+a plain tuple, built once per message on the hot path."""
 
-    __slots__ = ("_batches", "_count")
+
+class Outbox:
+    """The records of this loop iteration, in arrival order, until they go to librdkafka together
+    at the end of it, and whom to tell if one is refused."""
+
+    __slots__ = ("_records",)
 
     def __init__(self) -> None:
-        self._batches: dict[int, tuple[list[dict[str, Any]], list[DeliveryCallback | None]]] = {}
-        self._count = 0
+        self._records: list[OutboxRecord] = []
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._records)
 
     def add(
         self,
@@ -139,34 +147,33 @@ class Outbox:
         key: bytes,
         callback: Any,
         sender: DeliveryCallback | None,
+        headers: list[tuple[str, bytes]] | None = None,
+        timestamp: int = 0,
     ) -> None:
-        batch = self._batches.get(partition)
-        if batch is None:
-            batch = self._batches[partition] = ([], [])
-        batch[0].append({"value": value, "key": key, "callback": callback})
-        batch[1].append(sender)
-        self._count += 1
+        """Add a record; ``timestamp`` 0 lets librdkafka stamp it with the time of producing."""
+        self._records.append((partition, value, key, headers, timestamp, callback, sender))
 
     def send(
         self, producer: Producer | None, topic: str
     ) -> list[tuple[DeliveryCallback | None, int, str]]:
-        """Hand every batch over; the records refused, as (sender, partition, error).  The
-        queue is bounded before it fills (``KafkaLog.produce``), so only a fatal producer error
+        """Hand every record over, one ``produce()`` each (``produce_batch`` takes neither
+        headers nor timestamps); the records refused, as (sender, partition, error).  The queue
+        is bounded before it fills (``KafkaLog.produce``), so only a fatal producer error
         refuses one."""
-        batches, self._batches, self._count = self._batches, {}, 0
+        records, self._records = self._records, []
         refused: list[tuple[DeliveryCallback | None, int, str]] = []
-        for partition, (records, senders) in batches.items():
+        if producer is None:
+            error = str(KafkaException(KafkaError(KafkaError._DESTROY)))
+            return [(r[6], r[0], error) for r in records]
+        produce = producer.produce
+        for partition, value, key, headers, timestamp, callback, sender in records:
             try:
-                if producer is None:
-                    raise KafkaException(KafkaError(KafkaError._DESTROY))
-                if producer.produce_batch(topic, records, partition) == len(records):
-                    continue
+                produce(
+                    topic, value, key, partition, on_delivery=callback, timestamp=timestamp,
+                    headers=headers,  # type: ignore[arg-type]  # the stub's list is invariant
+                )  # fmt: skip
             except (KafkaException, BufferError) as exc:
-                refused += [(sender, partition, str(exc)) for sender in senders]
-                continue
-            for record_, sender in zip(records, senders, strict=True):
-                if "_error" in record_:
-                    refused.append((sender, partition, str(record_["_error"])))
+                refused.append((sender, partition, str(exc)))
         return refused
 
 
@@ -301,8 +308,12 @@ class KafkaLog:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def produce(self, message: Message, on_delivery: DeliveryCallback | None) -> bool:
-        """Queue ``message`` for the log; False if the producer queue is full (retry later)."""
+    def produce(
+        self, message: Message, on_delivery: DeliveryCallback | None, kind: str = record.CLIENT
+    ) -> bool:
+        """Queue ``message`` for the log, with its headers (``kind`` says who wrote it: one of
+        ``router.record.KINDS``) and its own time as the record's timestamp; False if the
+        producer queue is full (retry later)."""
         producer = self._producer
         assert producer is not None
         outbox = self._outbox
@@ -310,7 +321,10 @@ class KafkaLog:
             return False
         partition, key = self.router.route(message.topic)
         reporter = self._reporter(on_delivery)
-        outbox.add(partition, record.encode(message), key, reporter, on_delivery)
+        outbox.add(
+            partition, record.encode(message), key, reporter, on_delivery,
+            record.headers(message, kind), message.timestamp_ms,
+        )  # fmt: skip
         if len(outbox) == 1 and self._loop is not None:
             self._loop.call_soon(self._send_outbox)
         return True

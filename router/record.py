@@ -5,6 +5,12 @@ CRC-64-AVRO fingerprint of the schema's parsing canonical form, then the Avro bi
 Avro library can read it; Spark strips the 10-byte header and applies ``from_avro`` with
 ``schemas/mqtt_message.avsc``.  A record whose header does not carry this schema's fingerprint is
 refused, so a schema change can never be misread silently.
+
+Beside the value, every record carries the Kafka headers of :func:`headers` (the MQTT metadata, as
+UTF-8 text, and the kind of record: who wrote it) and, as its Kafka timestamp (CreateTime), the
+message's own time: the same value as the datum's ``timestamp``.  Readers go by the value alone,
+so records without headers (written before them) read the same.  The whole format, for Kafka
+users, is docs/log.md.
 """
 
 from __future__ import annotations
@@ -34,6 +40,57 @@ hex digest is already in that byte order, as Java's ``SchemaNormalization`` retu
 # checks byte equality with fastavro, so the two can never drift).
 HEADER: bytes = b"\xc3\x01" + FINGERPRINT
 HEADER_SIZE = len(HEADER)
+
+
+KIND_HEADER = "headwater.kind"
+"""The header naming what kind of record this is, and so who wrote it (``docs/log.md``)."""
+CLIENT = "client"
+"""A client's PUBLISH, written by the node it is connected to."""
+WILL = "will"
+"""A will [MQTT-3.1.2-8], written by the node of the connection that ended (or that found it)."""
+SYS = "sys"
+"""A node's own ``$SYS/brokers/<node>/...`` report, written by that node."""
+RETAINED_CLEAR = "retained-clear"
+"""Any record with the RETAIN flag and an empty payload [MQTT-3.3.1-10], whoever wrote it: it
+deletes its topic's retained message and carries no data."""
+INBOUND = "inbound"
+"""A record a Kafka producer wrote to the inbound topic, copied into the log by a node's relay."""
+ANALYTICS = "analytics"
+"""A result of a Spark job, written by its MQTT sink (``spark_streaming.mqtt_sink``)."""
+KINDS = (CLIENT, WILL, SYS, RETAINED_CLEAR, INBOUND, ANALYTICS)
+
+TOPIC_HEADER = "mqtt.topic"
+QOS_HEADER = "mqtt.qos"
+RETAIN_HEADER = "mqtt.retain"
+CLIENT_ID_HEADER = "mqtt.client_id"
+
+_KIND_HEADERS = {kind: (KIND_HEADER, kind.encode()) for kind in KINDS}
+_QOS_HEADERS = [(QOS_HEADER, str(qos).encode()) for qos in range(3)]
+_RETAIN_HEADERS = ((RETAIN_HEADER, b"0"), (RETAIN_HEADER, b"1"))
+# The tuples of constant headers are built once: per message only the topic's and the client
+# id's are new (two small tuples and a list of five).
+
+
+def headers(message: Message, kind: str = CLIENT) -> list[tuple[str, bytes]]:
+    """The Kafka headers of a log record: ``mqtt.topic``, ``mqtt.qos``, ``mqtt.retain`` (``0`` or
+    ``1``), ``mqtt.client_id`` (UTF-8 text), then ``headwater.kind``: ``kind`` (one of
+    :data:`KINDS`, naming who wrote it), or :data:`RETAINED_CLEAR` for a retained message with an
+    empty payload.  Consumers read the metadata without decoding the Avro value."""
+    if message.retain and not message.payload:
+        kind = RETAINED_CLEAR
+    return [
+        (TOPIC_HEADER, message.topic.encode()),
+        _QOS_HEADERS[message.qos],
+        _RETAIN_HEADERS[message.retain],
+        (CLIENT_ID_HEADER, message.client_id.encode()),
+        _KIND_HEADERS[kind],
+    ]
+
+
+def timestamp(message: Message) -> int:
+    """The record's Kafka timestamp (CreateTime): the message's own time in milliseconds since
+    the epoch, the value of the Avro ``timestamp`` field, so Kafka tools agree with the datum."""
+    return message.timestamp_ms
 
 
 class RecordError(ValueError):

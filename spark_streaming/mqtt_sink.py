@@ -34,7 +34,7 @@ from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
 
 from mqttcore.message import Message
 from router.partitioner import Router, routing_key
-from router.record import encode, wall_clock_stamps
+from router.record import ANALYTICS, encode, headers, wall_clock_stamps
 from spark_streaming.options import ANALYTICS_ORIGIN, JobOptions
 
 MARKERS = "mqtt_sink"
@@ -143,6 +143,8 @@ class MqttSink:
                     key,
                     partition=partition,
                     on_delivery=delivered,
+                    timestamp=message.timestamp_ms,
+                    headers=headers(message, ANALYTICS),  # type: ignore[arg-type]
                 )
                 return
             except BufferError:

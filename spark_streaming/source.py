@@ -137,9 +137,13 @@ def read_kafka(
     streaming: bool = True,
     max_offsets_per_trigger: int | None = None,
 ) -> DataFrame:
-    """The raw Kafka records of ``topic`` (key, value, partition, offset, ...)."""
+    """The raw Kafka records of ``topic`` (key, value, partition, offset, ...), committed ones
+    only: the inbound relay writes into the log in transactions (``router.relays``), and Kafka's
+    Java consumer, which Spark uses, reads uncommitted records unless told otherwise, so an
+    aborted copy would be counted too."""
     options: dict[str, Any] = {
         "kafka.bootstrap.servers": bootstrap,
+        "kafka.isolation.level": "read_committed",
         "subscribe": topic,
         "startingOffsets": starting_offsets,
         "failOnDataLoss": "false",

@@ -40,7 +40,7 @@ class Wills:
             if error is None and message.retain:
                 asyncio.get_running_loop().create_task(retained.apply(message, partition, offset))
 
-        if not self.log.produce(message, stored):
+        if not self.log.produce(message, stored, kind=record.WILL):
             self.lost += 1
             log.error("will of %s lost: the producer queue is full", message.client_id)
 

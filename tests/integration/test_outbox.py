@@ -1,6 +1,6 @@
-"""The outbox (``router.log``): one loop iteration's records go to librdkafka in one batch per
-partition, each on its partition in order, and the sender of a record the producer refuses is
-told, with the reason.  Against the session's real Kafka."""
+"""The outbox (``router.log``): one loop iteration's records go to librdkafka together at its end,
+each on its partition in order, and the sender of a record the producer refuses is told, with the
+reason.  Against the session's real Kafka."""
 
 from __future__ import annotations
 

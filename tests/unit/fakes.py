@@ -132,7 +132,7 @@ class FakeLog:
     async def low_watermarks(self, partitions: Any) -> dict[int, int]:
         return dict.fromkeys(partitions, 0)
 
-    def produce(self, message: Message, on_delivery: Any) -> bool:
+    def produce(self, message: Message, on_delivery: Any, kind: str = "client") -> bool:
         self.produced.append(message)
         return True
 
