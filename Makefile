@@ -25,8 +25,9 @@ APT_NEEDS := redis-server:redis-server haproxy:haproxy mosquitto:mosquitto \
 help:
 	@echo "make run      install what is missing, then start a dev cluster (headwater dev up)"
 	@echo "make test     install what is missing, then ruff, mypy and pytest"
-	@echo "make bench    install what is missing, then benchmark Headwater against mosquitto and"
-	@echo "              amqtt, then make profile (docs/benchmarks.md; BENCH_ARGS=--quick: smoke run)"
+	@echo "make bench    install what is missing, then python -m bench all: throughput, scale,"
+	@echo "              sessions and profile, Headwater (headwater dev up) beside mosquitto"
+	@echo "              (docs/benchmarks.md; BENCH_ARGS=--quick: smoke run)"
 	@echo "make profile  install what is missing, then py-spy one node at full QoS 0 and QoS 1"
 	@echo "              fan-in: where the microseconds per message go (docs/benchmarks.md,"
 	@echo "              flame graphs in docs/flame; PROFILE_ARGS=\"--seconds 3 --no-write\")"
@@ -105,13 +106,11 @@ docs: | $(PY)
 	$(PY) docs/render.py docs/design.md docs/design.pdf
 
 bench: install
-	$(PY) -m bench $(BENCH_ARGS)
-	$(PY) -m bench.sessions
-	$(PY) -m bench.flame $(PROFILE_ARGS)
+	$(PY) -m bench all $(BENCH_ARGS)
 
 .PHONY: profile
 profile: install
-	$(PY) -m bench.flame $(PROFILE_ARGS)
+	$(PY) -m bench profile $(PROFILE_ARGS)
 
 clean:
 	rm -rf .headwater .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -1,10 +1,8 @@
-"""Headwater's benchmark: throughput, latency and interest routing against mosquitto and amqtt.
+"""Headwater's benchmark, one tool: ``python -m bench <subcommand>`` (:mod:`bench.__main__`).
 
-``python -m bench`` (``make bench``) starts each broker in turn as child processes on loopback
-ports (:mod:`bench.brokers`), drives it with raw-socket load generators built on Headwater's own
-codec (:mod:`bench.load`) through the scenarios of :mod:`bench.scenarios` (the paced QoS 1
-fan-in of :mod:`bench.paced`, the worker scaling of :mod:`bench.worker_scaling`), stops it, and
-writes the markdown report of :mod:`bench.report` to ``docs/benchmarks.md``.  It is a
-measurement, not a test: it asserts nothing and reports whether the targets were met, and by how
-much they were missed (:mod:`bench.targets`).
+Headwater is started as a user starts it (``headwater dev up``, :mod:`bench.brokers`), beside
+mosquitto (and amqtt), and driven by a load generator that imports nothing of the product: raw
+MQTT 3.1.1 on a codec of its own (:mod:`bench.mqtt`, :mod:`bench.load`).  What the machine
+says (``/proc``, percentiles) is read in :mod:`bench.measure`; each subcommand writes its section
+of ``docs/benchmarks.md`` through :mod:`bench.report`.  It is a measurement, not a test.
 """

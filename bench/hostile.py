@@ -1,15 +1,15 @@
-"""``python -m bench --scenarios hostile``: issue 20's table of hostile clients, rerun the same way.
+"""``python -m bench hostile``: issue 20's table of hostile clients, rerun the same way.
 
 Six probes (:data:`PROBES`; what each does is :data:`HOW`, printed under the table), each against
-a fresh broker: mosquitto, then one Headwater node on the run's Kafka and Redis (its own log topic
-and key prefix), one probe at a time.  ``theft`` runs with a ``mosquitto_passwd`` file and an ACL
+a fresh broker: mosquitto, then one Headwater node (``headwater dev up``, its own Kafka and
+Redis), one probe at a time.  ``theft`` runs with a ``mosquitto_passwd`` file and an ACL
 giving alice ``alice/#`` and bob ``bob/#``; the others with each broker's defaults.
 
 Memory and threads are the broker process's ``VmRSS`` and ``Threads`` in ``/proc/<pid>/status``
 (a Headwater node's own process), Redis's ``used_memory`` from ``INFO memory``.  Every wait is
 bounded and every probe is cut off after :data:`PROBE_TIMEOUT`; a probe that fails fills its cell
-with the error, not the run.  The clients are raw MQTT 3.1.1 over asyncio sockets, encoded here:
-nothing of Headwater's code is in the load, so a bug in its codec cannot hide one in the broker.
+with the error, not the run.  The clients are raw MQTT 3.1.1 over asyncio sockets
+(:mod:`bench.mqtt`): nothing of Headwater's code is in the load.
 """
 
 from __future__ import annotations
@@ -28,26 +28,14 @@ from pathlib import Path
 
 import redis
 
-from bench.brokers import (
-    BenchKafka,
-    Login,
-    NodeLaunch,
-    describe_checkout,
-    mosquitto_version,
-    snapshot_source,
-    start_headwater,
-    start_mosquitto,
-)
-from bench.measure import ProcessMeter
-from bench.report import machine
-from headwater.errors import HeadwaterError
-from headwater.services.ports import LOOPBACK
-from headwater.services.process import find_program
-from headwater.services.redis_server import LocalRedis
+from bench import brokers, mqtt, report
+from bench.brokers import Headwater, mosquitto_version, start_mosquitto
+from bench.measure import machine, rss_kib, threads
+from bench.mqtt import DISCONNECT, Endpoint, Login, Stream, subscribe, varint
+from bench.report import markers
 
-BEGIN, END = "<!-- hostile:begin -->", "<!-- hostile:end -->"
+BEGIN, END = markers("hostile")
 BROKERS = ("mosquitto", "headwater")
-PARTITIONS = 12
 PROBE_TIMEOUT = 240.0
 """Seconds one probe may take at most, on one broker: the retained probe waits up to
 :data:`MARKERS_WAIT` for Headwater's clear markers to expire after its own minute at most."""
@@ -74,156 +62,32 @@ PROBES = {
 """Probe -> its row's title, worded as the issue's table words it."""
 
 
-# -- raw MQTT 3.1.1 ---------------------------------------------------------------------------
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        n, digit = n >> 7, n & 0x7F
-        out.append(digit | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def text(s: str) -> bytes:
-    raw = s.encode()
-    return len(raw).to_bytes(2, "big") + raw
-
-
-def packet(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + varint(len(body)) + body
-
-
-def connect(client_id: str, clean: bool = True, login: Login | None = None) -> bytes:
-    flags, payload = (0x02 if clean else 0), text(client_id)
-    if login is not None:
-        flags |= 0xC0
-        payload += text(login[0]) + text(login[1])
-    return packet(0x10, text("MQTT") + bytes((4, flags)) + (60).to_bytes(2, "big") + payload)
-
-
-def subscribe(packet_id: int, filters: Sequence[str], qos: int = 1) -> bytes:
-    body = b"".join(text(f) + bytes((qos,)) for f in filters)
-    return packet(0x82, packet_id.to_bytes(2, "big") + body)
-
-
-def publish(topic: str, payload: bytes, packet_id: int, retain: bool = False) -> bytes:
-    """A QoS 1 PUBLISH."""
-    return packet(0x32 | retain, text(topic) + packet_id.to_bytes(2, "big") + payload)
-
-
-DISCONNECT = bytes((0xE0, 0))
-
-
-def split_packet(buf: bytearray) -> tuple[int, bytes] | None:
-    """Take the first whole packet off ``buf``: (first byte, body); None if it is incomplete."""
-    length, shift, pos = 0, 0, 1
-    while True:
-        if pos >= len(buf):
-            return None
-        length |= (buf[pos] & 0x7F) << shift
-        shift, pos = shift + 7, pos + 1
-        if buf[pos - 1] < 0x80:
-            break
-    if len(buf) < pos + length:
-        return None
-    first, body = buf[0], bytes(buf[pos : pos + length])
-    del buf[: pos + length]
-    return first, body
-
-
-class Client:
-    """One raw MQTT connection: sends bytes, reads whole packets, answers QoS 1 PUBLISHes."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.buf = bytearray()
-
-    @classmethod
-    async def open(cls, port: int) -> Client:
-        return cls(*await asyncio.open_connection(LOOPBACK, port))
-
-    def send(self, data: bytes) -> None:
-        self.writer.write(data)
-
-    async def next(self, timeout: float) -> tuple[int, bytes] | None:
-        """The next packet; None once the broker closed the connection; TimeoutError if none
-        came within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while (found := split_packet(self.buf)) is None:
-            try:
-                data = await asyncio.wait_for(
-                    self.reader.read(1 << 16), deadline - time.monotonic()
-                )
-            except (ConnectionError, OSError):
-                return None
-            if not data:
-                return None
-            self.buf += data
-        return found
-
-    async def expect(self, kind: int, timeout: float = 10.0) -> bytes | None:
-        """The body of the next packet of type ``kind`` (others skipped); None if closed."""
-        while (found := await self.next(timeout)) is not None:
-            if found[0] >> 4 == kind:
-                return found[1]
-        return None
-
-    async def receive(self, want: int, idle: float, most: float) -> list[tuple[str, bool]]:
-        """(topic, retain flag) of the PUBLISHes received (each QoS 1 one PUBACKed) until
-        ``want`` came, none for ``idle`` seconds, ``most`` seconds passed or the socket closed."""
-        got: list[tuple[str, bool]] = []
-        deadline = time.monotonic() + most
-        while len(got) < want and (left := deadline - time.monotonic()) > 0:
-            try:
-                found = await self.next(min(idle, left))
-            except TimeoutError:
-                break
-            if found is None:
-                break
-            first, body = found
-            if first >> 4 == 3:
-                size = int.from_bytes(body[:2], "big")
-                got.append((body[2 : 2 + size].decode(), bool(first & 1)))
-                if first & 0x06:
-                    self.send(packet(0x40, body[2 + size : 4 + size]))
-        return got
-
-    def close(self) -> None:
-        self.writer.transport.abort()
+# -- clients ---------------------------------------------------------------------------------
 
 
 async def login(
-    port: int, client_id: str, clean: bool = True, who: Login | None = None
-) -> tuple[Client, tuple[int, bool] | None]:
+    at: Endpoint, client_id: str, clean: bool = True, who: Login | None = None
+) -> tuple[Stream, tuple[int, bool] | None]:
     """A connection and its CONNACK (return code, session present), None if closed first."""
-    client = await Client.open(port)
-    client.send(connect(client_id, clean, who))
-    body = await client.expect(2)
-    return client, (body[1], bool(body[0] & 1)) if body is not None else None
+    return await mqtt.login(at, client_id, clean, who)
 
 
 def accepted(connack: tuple[int, bool] | None) -> bool:
     return connack is not None and connack[0] == 0
 
 
-async def connected(port: int, client_id: str, who: Login | None = None) -> Client:
-    client, connack = await login(port, client_id, who=who)
+async def connected(at: Endpoint, client_id: str, who: Login | None = None) -> Stream:
+    client, connack = await login(at, client_id, who=who)
     if not accepted(connack):
         raise RuntimeError(f"{client_id}: CONNACK {connack}")
     return client
 
 
 async def publish_all(
-    client: Client, messages: Sequence[tuple[str, bytes]], retain: bool = False
+    client: Stream, messages: Sequence[tuple[str, bytes]], retain: bool = False
 ) -> None:
     """Publish ``messages`` at QoS 1 and wait for every PUBACK."""
-    for i, (topic, payload) in enumerate(messages):
-        client.send(publish(topic, payload, i % 65535 + 1, retain))
-    for _ in messages:
-        if await client.expect(4, timeout=30.0) is None:
-            raise RuntimeError("closed before every PUBACK came")
+    await client.publish_all(messages, retain)
 
 
 # -- what each probe found --------------------------------------------------------------------
@@ -360,6 +224,7 @@ class Outcome:
     figures: Figures | None = None
     error: str = ""
     seconds: float = 0.0
+    redis: str = ""
 
     def cell(self) -> str:
         if self.figures is None:
@@ -373,7 +238,6 @@ class HostileRun:
     started: datetime.datetime
     headwater: str = ""
     mosquitto: str = ""
-    kafka: str = "not used"
     redis: str = "not used"
     seconds: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
@@ -386,39 +250,36 @@ class HostileRun:
 class Target:
     """One fresh broker: where clients connect, its process, the Redis it uses."""
 
-    port: int
+    at: Endpoint
     pid: int
     redis: redis.Redis | None = None
 
     def rss(self) -> int:
-        return ProcessMeter([self.pid]).rss_kib()
+        return rss_kib([self.pid])
 
     def threads(self) -> int:
-        status = Path(f"/proc/{self.pid}/status").read_text()
-        return next(
-            int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")
-        )
+        return threads(self.pid)
 
     def used_memory(self) -> int | None:
         return int(self.redis.info("memory")["used_memory"]) if self.redis is not None else None
 
 
 async def theft(t: Target) -> Theft:
-    alice, _ = await login(t.port, "alice-1", clean=False, who=ALICE)
+    alice, _ = await login(t.at, "alice-1", clean=False, who=ALICE)
     alice.send(subscribe(1, ["alice/#"]))
     await alice.expect(9)
     alice.send(DISCONNECT)
     await alice.writer.drain()
     alice.close()
-    publisher = await connected(t.port, "alice-pub", ALICE)
+    publisher = await connected(t.at, "alice-pub", ALICE)
     await publish_all(publisher, [("alice/x", b"for alice")] * QUEUED)
     publisher.close()
-    bob, bob_connack = await login(t.port, "alice-1", clean=False, who=BOB)
+    bob, bob_connack = await login(t.at, "alice-1", clean=False, who=BOB)
     bob_got = len(await bob.receive(QUEUED, idle=2.0, most=2.0)) if accepted(bob_connack) else 0
     bob.send(DISCONNECT)
     bob.close()
     await asyncio.sleep(0.2)  # the broker sees bob's DISCONNECT before alice's CONNECT
-    alice, alice_connack = await login(t.port, "alice-1", clean=False, who=ALICE)
+    alice, alice_connack = await login(t.at, "alice-1", clean=False, who=ALICE)
     back = accepted(alice_connack)
     alice_got = len(await alice.receive(QUEUED, idle=3.0, most=8.0)) if back else 0
     alice.close()
@@ -437,10 +298,11 @@ async def watch_closed(reader: asyncio.StreamReader) -> None:
 async def flood(t: Target) -> Flood:
     before = t.rss()
     opened = await asyncio.gather(
-        *(asyncio.open_connection(LOOPBACK, t.port) for _ in range(SOCKETS)), return_exceptions=True
+        *(asyncio.open_connection(t.at.host, t.at.port) for _ in range(SOCKETS)),
+        return_exceptions=True,
     )
     streams = [s for s in opened if not isinstance(s, BaseException)]
-    data = bytes((0x30,)) + varint(ANNOUNCED) + bytes(SENT)
+    data = t.at.hello() + bytes((0x30,)) + varint(ANNOUNCED) + bytes(SENT)
     for _, writer in streams:
         writer.write(data)
     watchers = [asyncio.create_task(watch_closed(reader)) for reader, _ in streams]
@@ -465,7 +327,7 @@ async def peak_rss(t: Target, seconds: float) -> int:
 
 
 async def deep(t: Target) -> Deep:
-    client = await connected(t.port, "deep")
+    client = await connected(t.at, "deep")
     before = t.rss()
     filters = [f"deep{k}" + "/l" * (LEVELS - 1) for k in range(FILTERS)]
     client.send(subscribe(1, filters, qos=0))
@@ -480,11 +342,11 @@ async def share(t: Target) -> Share:
     groups = {f"$share/q{tag}/p.t/x": "p.t/x", f"$share/q{tag}.p/t/x": "t/x"}
     members = []
     for i, group in enumerate(groups):
-        member = await connected(t.port, f"member-{i}")
+        member = await connected(t.at, f"member-{i}")
         member.send(subscribe(1, [group]))
         await member.expect(9)
         members.append(member)
-    publisher = await connected(t.port, "share-pub")
+    publisher = await connected(t.at, "share-pub")
     messages = [(topic, b"m") for topic in groups.values() for _ in range(SHARE_MESSAGES)]
     await publish_all(publisher, messages)
     got = await asyncio.gather(*(m.receive(SHARE_MESSAGES, idle=5.0, most=15.0) for m in members))
@@ -499,28 +361,28 @@ CHUNK = 100
 (1,000 messages per client for both) would drop most of 5,000 sent to one subscriber at once."""
 
 
-async def count_retained(port: int, filters: Sequence[str], each: int, deadline: float) -> int:
+async def count_retained(at: Endpoint, filters: Sequence[str], each: int, deadline: float) -> int:
     """Retained messages new subscribers to ``filters`` receive, one subscriber after another,
     each of ``each`` topics (the last part of a second early if ``deadline`` is near)."""
     count = 0
     for i in range(0, len(filters), each):
-        client = await connected(port, f"ret-count-{uuid.uuid4().hex[:8]}")
+        client = await connected(at, f"ret-count-{uuid.uuid4().hex[:8]}")
         client.send(subscribe(1, filters[i : i + each]))
         most = max(1.0, deadline - time.monotonic())
-        count += sum(retain for _, retain in await client.receive(each, idle=2.0, most=most))
+        count += sum(p.retain for p in await client.receive(each, idle=2.0, most=most))
         client.close()
     return count
 
 
-async def poll_retained(port: int, full: bool, most: float = 30.0) -> int:
+async def poll_retained(at: Endpoint, full: bool, most: float = 30.0) -> int:
     """Count the retained messages again until all (``full``) or none are there, or ``most``
     seconds passed: a broker may store them after its PUBACK."""
     deadline = time.monotonic() + most
     while True:
         if full:
-            count = await count_retained(port, RETAINED_TOPICS, CHUNK, deadline)
+            count = await count_retained(at, RETAINED_TOPICS, CHUNK, deadline)
         else:
-            count = await count_retained(port, ["#"], RETAINED, deadline)
+            count = await count_retained(at, ["#"], RETAINED, deadline)
         if count == (RETAINED if full else 0) or time.monotonic() > deadline:
             return count
         await asyncio.sleep(0.5)
@@ -540,13 +402,13 @@ async def settled(read: Callable[[], int | None], most: float = 3.0) -> int | No
 
 
 async def retained(t: Target) -> Retained:
-    publisher = await connected(t.port, "ret-pub")
+    publisher = await connected(t.at, "ret-pub")
     rss, used = [t.rss()], [await settled(t.used_memory)]
     payloads = (bytes(RETAINED_PAYLOAD), b"")
     found = []
     for payload, full in zip(payloads, (True, False), strict=True):
         await publish_all(publisher, [(topic, payload) for topic in RETAINED_TOPICS], True)
-        found.append(await poll_retained(t.port, full))
+        found.append(await poll_retained(t.at, full))
         rss.append(t.rss())
         used.append(await settled(t.used_memory))
     publisher.close()
@@ -581,7 +443,7 @@ async def markers_expired(
 
 
 async def groups(t: Target) -> Groups:
-    client = await connected(t.port, "groups")
+    client = await connected(t.at, "groups")
     before = most = t.threads()
     tag = uuid.uuid4().hex[:6]
     for i in range(GROUPS):
@@ -614,68 +476,44 @@ RUNS: dict[str, Callable[[Target], Awaitable[Figures]]] = {
 
 def write_auth(work: Path) -> tuple[Path, Path]:
     """The password file (written by ``mosquitto_passwd``) and the ACL file of ``theft``."""
-    program = find_program("mosquitto_passwd")
-    if program is None:
-        raise RuntimeError("mosquitto_passwd is not installed")
     passwords, acl = work / "passwords", work / "acl"
     passwords.unlink(missing_ok=True)
     for user, password in (ALICE, BOB):
         create = ["-c"] if not passwords.exists() else []
-        argv = [program, "-b", *create, str(passwords), user, password]
+        argv = [brokers.program("mosquitto_passwd"), "-b", *create, str(passwords), user, password]
         subprocess.run(argv, check=True, capture_output=True, timeout=30)
     acl.write_text(ACL)
     return passwords, acl
 
 
-class Brokers:
-    """Kafka and Redis for the whole run; a fresh broker per probe."""
-
-    def __init__(self, work: Path, stack: ExitStack, kafka: str | None, launch: NodeLaunch) -> None:
-        self.work, self.launch = work, launch
-        self.tag = uuid.uuid4().hex[:6]
-        self.kafka = BenchKafka(work, stack, kafka)
-        local = LocalRedis(work / "redis")
-        stack.callback(local.stop)
-        self.redis_url = local.start()
-        self.redis = redis.Redis.from_url(self.redis_url)
-        stack.callback(self.redis.close)
-        self.auth = write_auth(work)
-
-    def start(self, broker: str, probe: str, stack: ExitStack) -> tuple[str, Target]:
-        auth = self.auth if probe == "theft" else None
-        if broker == "mosquitto":
-            extra = [f"password_file {auth[0]}", f"acl_file {auth[1]}"] if auth else []
-            # as root, mosquitto reads these files after dropping to its own user, which may not
-            # enter the run's private work directory: it stays the user that runs the benchmark
-            extra += [f"user {getpass.getuser()}"] if auth else []
-            running = start_mosquitto(self.work, stack, extra)
-            return running.label, Target(running.endpoints[0][1], running.processes[0].pid)
-        topic = self.kafka.create_topic(f"hostile.{self.tag}.{probe}", PARTITIONS)
-        extra = ["--redis-url", self.redis_url, "--redis-prefix", f"{topic}:"]
-        if auth:
-            extra += ["--password-file", str(auth[0]), "--acl-file", str(auth[1])]
-        running = start_headwater(
-            self.kafka,
-            topic,
-            PARTITIONS,
-            1,
-            self.work,
-            stack,
-            self.launch,
-            extra,
-            ALICE if auth else None,
-        )
-        return running.label, Target(running.endpoints[0][1], running.processes[0].pid, self.redis)
+def start(broker: str, probe: str, work: Path, hw: Headwater, stack: ExitStack) -> Target:
+    """A fresh broker for one probe (``theft``: with the password and ACL files)."""
+    auth = write_auth(work) if probe == "theft" else None
+    if broker == "mosquitto":
+        extra = [f"password_file {auth[0]}", f"acl_file {auth[1]}"] if auth else []
+        # as root, mosquitto reads these files after dropping to its own user, which may not
+        # enter the run's private work directory: it stays the user that runs the benchmark
+        extra += [f"user {getpass.getuser()}"] if auth else []
+        running = start_mosquitto(work, stack, extra)
+        return Target(running.endpoints[0], running.pids[0])
+    up = ["--password-file", str(auth[0]), "--acl-file", str(auth[1])] if auth else []
+    running = hw.start(work, stack, up_args=up)
+    store = redis.Redis.from_url(running.state["redis"])
+    stack.callback(store.close)
+    return Target(running.endpoints[0], running.pids[0], store)
 
 
-def run_probe(brokers: Brokers, probe: str, broker: str) -> Outcome:
-    outcome = Outcome(probe, broker, broker)
+def run_probe(probe: str, broker: str, work: Path, hw: Headwater) -> Outcome:
+    label = mosquitto_version() if broker == "mosquitto" else "Headwater (1 node)"
+    outcome = Outcome(probe, broker, f"mosquitto {label}" if broker == "mosquitto" else label)
     started = time.monotonic()
     with ExitStack() as stack:
         try:
-            outcome.label, target = brokers.start(broker, probe, stack)
+            target = start(broker, probe, work, hw, stack)
             outcome.figures = asyncio.run(asyncio.wait_for(RUNS[probe](target), PROBE_TIMEOUT))
-        except (RuntimeError, OSError, TimeoutError, HeadwaterError, redis.RedisError) as exc:
+            if target.redis is not None:
+                outcome.redis = redis_version(target.redis)
+        except (RuntimeError, OSError, TimeoutError, redis.RedisError) as exc:
             outcome.error = str(exc).strip() or type(exc).__name__
     outcome.seconds = time.monotonic() - started
     return outcome
@@ -683,38 +521,29 @@ def run_probe(brokers: Brokers, probe: str, broker: str) -> Outcome:
 
 def run(
     work: Path,
-    brokers: Sequence[str],
+    names: Sequence[str],
     command: str,
     progress: Callable[[str], None],
-    kafka: str | None = None,
-    headwater_rev: str | None = None,
+    hw: Headwater,
 ) -> HostileRun:
     """Every probe against every chosen broker (mosquitto first), each on a fresh broker."""
-    work.mkdir(parents=True, exist_ok=True)
-    result = HostileRun(command, datetime.datetime.now(datetime.UTC), describe_checkout())
+    result = HostileRun(command, datetime.datetime.now(datetime.UTC), hw.version)
     result.mosquitto = mosquitto_version()
     started = time.monotonic()
-    with ExitStack() as stack:
-        launch = NodeLaunch()
-        if headwater_rev:
-            source, result.headwater = snapshot_source(headwater_rev, work)
-            launch = NodeLaunch(source=source)
-        progress("hostile: starting Kafka and Redis")
-        services = Brokers(work, stack, kafka, launch)
-        result.kafka, result.redis = services.kafka.version, redis_version(services.redis)
-        for probe in PROBES:
-            for broker in (b for b in BROKERS if b in brokers):
-                outcome = run_probe(services, probe, broker)
-                result.outcomes.append(outcome)
-                progress(
-                    f"hostile {probe}, {outcome.label} ({outcome.seconds:.1f} s): {outcome.cell()}"
-                )
+    for probe in PROBES:
+        for broker in (b for b in BROKERS if b in names):
+            outcome = run_probe(probe, broker, work, hw)
+            result.outcomes.append(outcome)
+            result.redis = outcome.redis or result.redis
+            progress(
+                f"hostile {probe}, {outcome.label} ({outcome.seconds:.1f} s): {outcome.cell()}"
+            )
     result.seconds = time.monotonic() - started
     return result
 
 
 def redis_version(client: redis.Redis) -> str:
-    return f"Redis {client.info('server')['redis_version']} (started by the benchmark)"
+    return f"Redis {client.info('server')['redis_version']} (of `headwater dev up`)"
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -725,24 +554,21 @@ def table(run: HostileRun) -> list[str]:
     found = {(o.probe, o.broker): o for o in run.outcomes}
     labels = {o.broker: o.label for o in run.outcomes if o.figures is not None}
     names = [b for b in BROKERS if any(o.broker == b for o in run.outcomes)]
-    lines = [
-        "| probe | " + " | ".join(labels.get(b, b) for b in names) + " |",
-        "|---|" + "---|" * len(names),
+    rows = [
+        [title, *(found[p, b].cell() if (p, b) in found else "not run" for b in names)]
+        for p, title in PROBES.items()
     ]
-    for probe, title in PROBES.items():
-        cells = [found[probe, b].cell() if (probe, b) in found else "not run" for b in names]
-        lines.append(f"| {title} | " + " | ".join(cells) + " |")
-    return lines
+    return report.table(["probe", *(labels.get(b, b) for b in names)], rows)
 
 
 HOW = [
-    "Each probe ran against a fresh broker, mosquitto first, then one Headwater node (its own "
-    f"log topic of {PARTITIONS} partitions and Redis key prefix on the run's Kafka and Redis); "
-    "clients are raw MQTT 3.1.1 on asyncio sockets, on 127.0.0.1.",
+    "Each probe ran against a fresh broker, mosquitto first, then one Headwater node of "
+    "`headwater dev up` (its own Kafka and Redis; clients on the node's own port with the PROXY "
+    "header HAProxy would send); clients are raw MQTT 3.1.1 on asyncio sockets, on 127.0.0.1.",
     "theft: password file by `mosquitto_passwd -b`, ACL `user alice / topic readwrite alice/#`, "
     "`user bob / topic readwrite bob/#` (mosquitto: `password_file`, `acl_file`, and the "
     "generated config's `allow_anonymous true` kept for the start-up check; Headwater: "
-    "`--password-file`, `--acl-file`, its start-up check logged in as alice). alice "
+    "`dev up --password-file --acl-file`). alice "
     f"(`alice-1`, cleanSession=0) subscribes `alice/#` QoS 1 and disconnects; {QUEUED} QoS 1 "
     "messages to `alice/x` are PUBACKed to another client of alice's; bob connects as "
     "`alice-1` (cleanSession=0) and waits 2 s, disconnects; alice reconnects and waits for "
@@ -778,7 +604,6 @@ def render(run: HostileRun) -> str:
         f"| Machine | {machine()} |",
         f"| Headwater | {run.headwater} |",
         f"| mosquitto | {run.mosquitto} |",
-        f"| Kafka | {run.kafka} |",
         f"| Redis | {run.redis} |",
         f"| Command | `{run.command}` |",
         f"| Took | {run.seconds / 60:.1f} min |",

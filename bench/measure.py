@@ -1,25 +1,30 @@
-"""What the scale benchmark reads off the machine: a process's memory and CPU time from ``/proc``,
-Redis's command counters from ``INFO``, and percentiles of a sample.
+"""Everything the benchmark reads off the machine, in one place: ``/proc``, psutil and Redis INFO.
 
-The parsers are pure (text or a parsed ``INFO`` mapping in, numbers out); the readers around them
-only open a file or ask the server.  What each figure is:
+The parsers are pure (text or a parsed ``INFO`` mapping in, numbers out); the readers around
+them only open a file or ask the server.  What each figure is:
 
-* resident memory: ``VmRSS`` of ``/proc/<pid>/status``, in KiB (the kernel's "kB");
+* resident memory and threads: ``VmRSS`` (KiB) and ``Threads`` of ``/proc/<pid>/status``;
 * CPU time: ``utime + stime`` of ``/proc/<pid>/stat`` (fields 14 and 15, counted after the
-  parenthesised command name, which may itself hold spaces and parentheses), in clock ticks; the
-  kernel sums them over every thread of the process;
-* Redis commands: ``total_commands_processed`` and the ``cmdstat_*`` calls of ``INFO``.  The server
-  counts a command once it has answered it, so a reading's own ``INFO`` is absent from that
-  reading and present in every later one: between two readings exactly one command is ours.
+  parenthesised command name, which may itself hold spaces and parentheses), every thread;
+* CPU waited: the second field of ``/proc/<pid>/task/<pid>/schedstat`` (ns), the main thread's
+  time ready to run while no core was free;
+* the kernel's listen-queue overflows and SYN retransmissions (``/proc/net/netstat``), which
+  explain slow TCP connects;
+* a broker's processes: a pid and its children (a node of ``--workers N`` is a parent and N
+  workers), read afresh at each reading;
+* Redis commands: ``total_commands_processed`` and ``cmdstat_*`` of ``INFO``.  A reading's own
+  ``INFO`` is counted after it answered: between two readings exactly one command is ours.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import platform
+import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,39 +34,91 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 """Clock ticks per second, the unit of ``utime`` and ``stime``."""
 
 
-def vmrss_kib(status: str) -> int:
-    """``VmRSS`` in KiB from the text of ``/proc/<pid>/status``."""
+def status_field(status: str, name: str) -> int:
+    """A numeric field (``VmRSS``, ``Threads``) of the text of ``/proc/<pid>/status``."""
     for line in status.splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{name}:"):
             return int(line.split()[1])
-    raise ValueError("no VmRSS line: the process has exited or is a zombie")
+    raise ValueError(f"no {name} line: the process has exited or is a zombie")
+
+
+def vmrss_kib(status: str) -> int:
+    return status_field(status, "VmRSS")
 
 
 def cpu_ticks(stat: str) -> int:
     """``utime + stime`` in clock ticks from the text of ``/proc/<pid>/stat``."""
     fields = stat[stat.rindex(")") + 2 :].split()
-    # fields[0] is field 3 (state): utime and stime are fields 14 and 15
-    return int(fields[11]) + int(fields[12])
+    return int(fields[11]) + int(fields[12])  # fields[0] is field 3 (state)
 
 
-class ProcessMeter:
-    """Memory and CPU time of a set of processes, summed, read from ``/proc``."""
+def rss_kib(pids: Sequence[int]) -> int:
+    return sum(vmrss_kib(Path(f"/proc/{pid}/status").read_text()) for pid in pids)
 
-    def __init__(self, pids: Sequence[int]) -> None:
-        self.pids = list(pids)
 
-    def rss_kib(self) -> int:
-        return sum(vmrss_kib(Path(f"/proc/{pid}/status").read_text()) for pid in self.pids)
+def threads(pid: int) -> int:
+    return status_field(Path(f"/proc/{pid}/status").read_text(), "Threads")
 
-    def cpu_seconds(self) -> float:
-        ticks = sum(cpu_ticks(Path(f"/proc/{pid}/stat").read_text()) for pid in self.pids)
-        return ticks / CLOCK_TICKS
+
+def cpu_seconds(pid: int, task: bool = False) -> float:
+    """CPU seconds ``pid`` used, every thread (``task``: its main thread alone); 0 once gone."""
+    path = f"/proc/{pid}/task/{pid}/stat" if task else f"/proc/{pid}/stat"
+    try:
+        return cpu_ticks(Path(path).read_text()) / CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def waited_seconds(pid: int) -> float:
+    """Seconds the main thread of ``pid`` was ready to run but waited for a CPU; 0 once gone."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and every child it has now (the workers of a node)."""
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return cpu_seconds(pid)
+    return cpu_seconds(pid) + sum(cpu_seconds(k.pid) for k in kids)
+
+
+class Meter:
+    """A count that only grows (``read(pid)``), per process, between ``restart`` and ``used``."""
+
+    def __init__(self, pids: Sequence[int], read: Callable[[int], float] = cpu_seconds) -> None:
+        self.pids, self.read = list(pids), read
+        self.restart()
+
+    def restart(self) -> None:
+        self.start = [self.read(pid) for pid in self.pids]
+
+    def used(self) -> list[float]:
+        return [self.read(pid) - s for pid, s in zip(self.pids, self.start, strict=True)]
+
+
+def settle(pids: Sequence[int], idle_share: float, timeout: float, step: float = 0.5) -> float:
+    """Wait until ``pids`` together use less than ``idle_share`` of a core over ``step`` seconds
+    (a broker still working off the last run would skew the next); the seconds waited."""
+    waited, meter = 0.0, Meter(pids)
+    while waited < timeout:
+        time.sleep(step)
+        waited += step
+        if sum(meter.used()) / step < idle_share:
+            return waited
+        meter.restart()
+    return waited
+
+
+# -- the kernel's TCP counters ----------------------------------------------------------------
 
 
 def netstat_counters(text: str) -> dict[str, int]:
-    """The counters of ``/proc/net/netstat`` (or ``/proc/net/snmp``), named like
-    "TcpExt.ListenOverflows": the file pairs a line of names with a line of values, each line
-    starting with the group."""
+    """The counters of ``/proc/net/netstat``, named like "TcpExt.ListenOverflows": the file pairs
+    a line of names with a line of values, each line starting with the group."""
     counters: dict[str, int] = {}
     lines = text.splitlines()
     for names, values in zip(lines[::2], lines[1::2], strict=False):
@@ -75,8 +132,7 @@ KERNEL_COUNTERS = {
     "TcpExt.ListenOverflows": "listen-queue overflows",
     "TcpExt.TCPSynRetrans": "SYN retransmissions",
 }
-"""The counters of ``/proc/net/netstat`` that explain slow TCP connects, and what they count.
-They cover every socket of the network namespace, not only the benchmark's."""
+"""The counters that explain slow TCP connects; they cover every socket of the namespace."""
 
 
 def tcp_counters() -> dict[str, int]:
@@ -92,8 +148,6 @@ def tcp_counters() -> dict[str, int]:
 
 @dataclass(frozen=True, slots=True)
 class RedisReading:
-    """One ``INFO`` reading: commands processed in total and per command."""
-
     total: int
     calls: dict[str, int]
 
@@ -113,12 +167,9 @@ OWN_INFO_CALLS = 1
 
 
 def commands_between(before: RedisReading, after: RedisReading) -> tuple[int, dict[str, int]]:
-    """Commands the server processed between two readings, ours excluded: the total, and the
-    count per command (commands not run meanwhile left out)."""
+    """Commands processed between two readings, ours excluded: the total, and per command."""
     calls = {
-        name: n - before.calls.get(name, 0)
-        for name, n in after.calls.items()
-        if n > before.calls.get(name, 0)
+        n: c - before.calls.get(n, 0) for n, c in after.calls.items() if c > before.calls.get(n, 0)
     }
     if "info" in calls:
         calls["info"] -= OWN_INFO_CALLS
@@ -127,92 +178,34 @@ def commands_between(before: RedisReading, after: RedisReading) -> tuple[int, di
     return after.total - before.total - OWN_INFO_CALLS, calls
 
 
-# -- samples ----------------------------------------------------------------------------------
-
-
 def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile (the smallest value with at least ``pct`` % of the sample at or
-    below it); 0.0 for an empty sample."""
+    """Nearest-rank percentile; 0.0 for an empty sample."""
     if not values:
         return 0.0
     ordered = sorted(values)
-    rank = max(1, math.ceil(pct / 100 * len(ordered)))
-    return float(ordered[min(rank, len(ordered)) - 1])
+    return float(ordered[min(max(1, math.ceil(pct / 100 * len(ordered))), len(ordered)) - 1])
 
 
-# -- CPU over a window ------------------------------------------------------------------------
+# -- the machine and the software -------------------------------------------------------------
 
 
-def busy_seconds() -> float:
-    """CPU seconds the whole machine has been busy (all cores: not idle, not waiting for I/O)."""
-    t = psutil.cpu_times()
-    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+def machine() -> str:
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?"
+    )
+    mem_kib = status_field(Path("/proc/meminfo").read_text(), "MemTotal")
+    debian = Path("/etc/debian_version")
+    distro = f"Debian {debian.read_text().strip()}" if debian.exists() else platform.system()
+    return (
+        f"nproc {os.cpu_count()}, CPU {model}, RAM {mem_kib / 1024 / 1024:.1f} GiB, "
+        f"{distro}, Linux {platform.release()}"
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """CPU used over a window: shares of one core, and busy cores of the machine."""
-
-    seconds: float
-    broker: float
-    """The broker's processes together."""
-    load: tuple[float, ...]
-    """Each load-generator process."""
-    services: float
-    """Kafka and Redis together (when the broker uses them)."""
-    machine: float
-    """Busy cores of the whole machine."""
-    kernel: dict[str, int] = field(default_factory=dict)
-    """Growth of the kernel's TCP counters (:data:`KERNEL_COUNTERS`) over the window."""
-
-    @property
-    def others(self) -> float:
-        """Busy cores of processes that are not the benchmark's (the machine may be shared)."""
-        return max(0.0, self.machine - self.broker - sum(self.load) - self.services)
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-CLIENT_BOUND = 0.85
-"""A load-generator process using this share of a core or more was likely the bottleneck."""
-MACHINE_BOUND = 0.9
-"""A machine busy on this share of its cores or more was the bottleneck."""
-
-
-def bottleneck(usage: Usage, cores: int) -> str:
-    """What limited a run besides the broker, or "" when nothing did."""
-    notes = []
-    busiest = max(usage.load, default=0.0)
-    if busiest >= CLIENT_BOUND:
-        notes.append(f"client-bound: a load process used {busiest:.0%} of a core")
-    if usage.machine >= MACHINE_BOUND * cores:
-        notes.append(
-            f"machine-bound: {usage.machine:.2f} of {cores} cores busy, "
-            f"{usage.others:.2f} of them by processes not the benchmark's"
-        )
-    return "; ".join(notes)
-
-
-class Window:
-    """CPU of the broker, of each load process, of Kafka and Redis, and of the machine, since
-    ``start()``."""
-
-    def __init__(
-        self, broker_pids: Sequence[int], load_pids: Sequence[int], service_pids: Sequence[int]
-    ) -> None:
-        self.meters = [ProcessMeter(broker_pids), ProcessMeter(service_pids)]
-        self.meters += [ProcessMeter([pid]) for pid in load_pids]
-        self.start()
-
-    def start(self) -> None:
-        self.started = time.monotonic()
-        self.cpu0 = [m.cpu_seconds() for m in self.meters]
-        self.machine0 = busy_seconds()
-        self.kernel0 = tcp_counters()
-
-    def usage(self) -> Usage:
-        seconds = max(1e-9, time.monotonic() - self.started)
-        shares = [
-            (m.cpu_seconds() - c0) / seconds for m, c0 in zip(self.meters, self.cpu0, strict=True)
-        ]
-        machine = (busy_seconds() - self.machine0) / seconds
-        kernel = {k: n - self.kernel0.get(k, 0) for k, n in tcp_counters().items()}
-        return Usage(seconds, shares[0], tuple(shares[2:]), shares[1], machine, kernel)
+def python_version() -> str:
+    return f"{platform.python_implementation()} {sys.version.split()[0]}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import split_hostile
+from bench.__main__ import build_parser
 from bench.hostile import (
     BEGIN,
     END,
@@ -22,11 +22,10 @@ from bench.hostile import (
     Share,
     Theft,
     render,
-    split_packet,
     table,
-    varint,
 )
-from bench.scale_report import write_section
+from bench.mqtt import split_packet, varint
+from bench.report import write_section
 
 
 def test_varint_is_mqtt_remaining_length() -> None:
@@ -127,16 +126,8 @@ def test_section_is_marked_and_replaces_its_own_part_only(tmp_path: Path) -> Non
     assert text.endswith("\n\n## after\n")
 
 
-@pytest.mark.parametrize(
-    ("spec", "expected"),
-    [
-        ("all", ("all", False)),
-        ("hostile", ("", True)),
-        ("scale,hostile", ("scale", True)),
-        ("fanin-qos0, hostile", ("fanin-qos0", True)),
-    ],
-)
-def test_python_m_bench_runs_the_hostile_probes_only_by_name(
-    spec: str, expected: tuple[str, bool]
-) -> None:
-    assert split_hostile(spec) == expected
+def test_python_m_bench_runs_the_hostile_probes_by_their_subcommand() -> None:
+    args = build_parser().parse_args(["hostile", "--brokers", "headwater,mosquitto"])
+    assert (args.command, args.brokers) == ("hostile", "headwater,mosquitto")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--scenarios", "hostile"])

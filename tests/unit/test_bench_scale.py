@@ -1,5 +1,5 @@
-"""The scale benchmark's pure parts: /proc and Redis INFO parsing, percentiles, merging the load
-workers' reports, the fan-in's loss accounting and the report's file section."""
+"""The measurement parts every subcommand shares (/proc and Redis INFO parsing, percentiles, the
+report's file section) and the scale subcommand's cells."""
 
 from __future__ import annotations
 
@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import split_scale
-from bench.fanin import IdLedger, PublisherReport, SubscriberReport, account
-from bench.fleet import ConnectReport, StatusReport
 from bench.measure import (
     OWN_INFO_CALLS,
     RedisReading,
-    Usage,
-    bottleneck,
     commands_between,
     cpu_ticks,
     netstat_counters,
@@ -22,7 +17,10 @@ from bench.measure import (
     redis_reading,
     vmrss_kib,
 )
-from bench.scale_report import BEGIN, END, error_summary, write_section
+from bench.report import error_summary, markers, write_section
+from bench.scale import Connects, Idle, Storm, idle_cells, storm_cell
+
+BEGIN, END = markers("scale")
 
 STATUS = """Name:\tpython
 Umask:\t0022
@@ -103,70 +101,6 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([1.0, 2.0, 3.0, 1000.0], 99) == 1000.0
 
 
-def test_bottleneck_flags_a_saturated_load_process_and_a_busy_machine() -> None:
-    calm = Usage(10.0, broker=0.5, load=(0.3, 0.2), services=0.1, machine=1.2)
-    assert bottleneck(calm, cores=2) == ""
-    client = Usage(10.0, broker=0.5, load=(0.9, 0.2), services=0.1, machine=1.7)
-    assert bottleneck(client, cores=2).startswith("client-bound")
-    busy = Usage(10.0, broker=0.2, load=(0.1, 0.1), services=0.1, machine=1.95)
-    assert "machine-bound" in bottleneck(busy, cores=2)
-    assert busy.others == pytest.approx(1.45)
-
-
-def test_connect_reports_merge_counts_samples_and_span() -> None:
-    a = ConnectReport(attempted=3, connected=2, refused={3: 1}, latencies=[0.1, 0.2])
-    a.started, a.last_connack, a.errors = 100.0, 101.0, {"reset": 1}
-    b = ConnectReport(attempted=4, connected=2, refused={3: 1, 5: 1}, closed=1, timed_out=0)
-    b.started, b.last_connack, b.latencies, b.errors = 100.1, 102.5, [0.3, 0.4], {"reset": 2}
-    merged = ConnectReport.merged([a, b])
-    assert (merged.attempted, merged.connected) == (7, 4)
-    assert merged.refused == {3: 2, 5: 1}
-    assert merged.failed == 4  # 3 refused + 1 closed
-    assert merged.latencies == [0.1, 0.2, 0.3, 0.4]
-    assert merged.seconds == pytest.approx(2.5)
-    assert merged.errors == {"reset": 3}
-
-
-def test_status_reports_merge() -> None:
-    a = StatusReport(devices=2, owed=4, owed_received=4, complete=2, last_complete=5.0)
-    b = StatusReport(devices=3, owed=6, owed_received=5, complete=2, last_complete=7.0)
-    b.incomplete = ["c9"]
-    merged = StatusReport.merged([a, b])
-    assert (merged.devices, merged.owed, merged.owed_received, merged.complete) == (5, 10, 9, 4)
-    assert merged.last_complete == 7.0
-    assert merged.incomplete == ["c9"]
-
-
-def test_id_ledger_names_the_message_of_each_packet_id() -> None:
-    ledger = IdLedger(range(1, 4))
-    drawn = [ledger.popleft() for _ in range(3)]  # ids 1, 2, 3 for messages 0, 1, 2
-    ledger.extend([2])  # PUBACK 2 frees it
-    drawn.append(ledger.popleft())  # message 3 reuses id 2
-    assert drawn == [1, 2, 3, 2]
-    assert ledger.seq_of == {1: 0, 2: 3, 3: 2}
-    assert ledger.drawn == 4
-
-
-def test_fanin_accounting_counts_lost_as_acknowledged_and_never_received() -> None:
-    pubs = [
-        PublisherReport("t/0", sent=5, acked=[0, 1, 2, 3], drawn=5, lost_connection=False),
-        PublisherReport("t/1", sent=3, acked=[0, 1, 2], drawn=3, lost_connection=False),
-    ]
-    sub = SubscriberReport(received=7, seen={"t/0": {0, 2, 3, 4}, "t/1": {0, 1}}, duplicates=1)
-    a = account(pubs, sub)
-    assert (a.sent, a.acked, a.distinct, a.received) == (8, 7, 6, 7)
-    assert a.lost == 2  # t/0 seq 1 and t/1 seq 2: acknowledged, never received
-    assert a.unacked == 1  # t/0 seq 4: received, but its PUBACK never came
-    assert a.duplicates == 1
-    assert a.problems == []
-
-
-def test_fanin_accounting_reports_a_ledger_out_of_step() -> None:
-    pubs = [PublisherReport("t/0", sent=5, acked=[0, 0], drawn=4, lost_connection=True)]
-    problems = account(pubs, SubscriberReport()).problems
-    assert len(problems) == 3
-
-
 def test_write_section_replaces_its_own_part_only(tmp_path: Path) -> None:
     path = tmp_path / "benchmarks.md"
     path.write_text("# Benchmarks\n\nmain table\n")
@@ -192,17 +126,23 @@ def test_a_failure_is_summed_up_on_one_line() -> None:
     assert error_summary("") == "?"
 
 
-@pytest.mark.parametrize(
-    ("spec", "expected"),
-    [
-        ("all", ("all", True)),
-        ("single", ("single", False)),
-        ("scale", ("", True)),
-        ("fanin-qos0, scale", ("fanin-qos0", True)),
-        ("fanin-qos0,routing", ("fanin-qos0,routing", False)),
-    ],
-)
-def test_python_m_bench_runs_the_scale_scenarios_with_all_or_by_name(
-    spec: str, expected: tuple[str, bool]
-) -> None:
-    assert split_scale(spec) == expected
+def test_connects_give_the_rate_and_the_connect_times() -> None:
+    tally = Connects(connected=500, refused=2, seconds=0.5, times=[0.01] * 98 + [0.2, 0.3])
+    assert tally.text() == "1,000/s (500 in 0.50 s; p50 10.0 ms, p99 200.0 ms; 2 refused)"
+
+
+def test_idle_cells_give_memory_per_connection_and_per_filter() -> None:
+    idle = Idle("Headwater (1 node)", Connects(connected=1000, seconds=1.0, times=[0.001]))
+    idle.rss_kib, idle.cpu, idle.redis_per_s = (50_000, 54_000, 54_100, 54_600), 0.0125, 21.0
+    cells = idle_cells(idle)
+    assert cells[1:] == ["4.10 KB", "1.25% of a core", "21.0/s", "512 B"]
+    failed = Idle("mosquitto", Connects(), error="refused")
+    assert idle_cells(failed) == ["FAILED: refused"] * 5
+
+
+def test_the_storm_cell_counts_persistent_sessions_and_owed_messages() -> None:
+    st = Storm("mosquitto", 301, Connects(connected=301, present=151, seconds=2.0), 2.5, 302)
+    assert storm_cell(st) == (
+        "last CONNACK after 2.0 s, all owed messages after 2.5 s; 0 refused; sessions present "
+        "151/151; owed received 302/302 (0 duplicates)"
+    )

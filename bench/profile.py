@@ -1,80 +1,69 @@
-"""``python -m bench.flame``: where a message's microseconds go in one node, at full fan-in.
+"""``python -m bench profile``: where a message's microseconds go in one node, at full fan-in.
 
-Issue 14, part 1: profile first.  One Kafka (started as ``python -m bench`` starts it, warmed up
-the same way) and ONE Headwater node (``python -m frontend`` of this checkout, as
-:class:`bench.brokers.NodeLaunch` starts it, with ``--stats-listen``) on a log topic created as
-``bench`` creates the single-node one.  Then two runs, QoS 0 and QoS 1 fan-in (4 publishers -> 1
-subscriber, 64-byte payloads, open loop as fast as the node takes them: :mod:`bench.load`'s
-groups driven by :func:`bench.scenarios.drive`).  In each, after the warm-up:
+Issue 14, part 1: profile first.  One node of ``headwater dev up`` (its Kafka warmed by QoS 1
+traffic first), then two runs, QoS 0 and QoS 1 fan-in (4 publishers -> 1 subscriber, 64-byte
+payloads, as fast as the node takes them: :mod:`bench.load`'s ``flood0`` and ``flood1`` roles).
+In each, after the warm-up:
 
 1. a *measured window*: ``py-spy record --pid PID --duration S --rate 250 --gil --format raw``
-   (``--gil``: only samples of the thread holding the GIL, i.e. Python running, idle threads
-   left out), with the node's ``GET /stats`` counters and its CPU time (``utime + stime`` of
-   ``/proc/PID/stat``, every thread; and of ``/proc/PID/task/PID/stat``, the event-loop thread
-   alone) read just before and just after;
-2. right after it, a second window of the same length recorded as an SVG flame graph
-   (``--format flamegraph``: py-spy cannot write both formats from one recording).
+   (``--gil``: only samples of the thread holding the GIL, i.e. Python running), with the node's
+   ``GET /stats`` counters and its CPU time (``utime + stime`` of ``/proc/PID/stat``, every
+   thread; and of ``/proc/PID/task/PID/stat``, the event-loop thread alone) read just before and
+   just after;
+2. right after it, a second window of the same length recorded as an SVG flame graph.
 
-The raw collapsed stacks are then summarised (:func:`summarise`, pure): every sample goes to
-one bucket, that of the deepest frame a :data:`RULES` entry matches; the implied microseconds per
-message of a bucket are its share of the samples times the event-loop thread's CPU microseconds
-per message.  librdkafka's C threads are in the process's CPU time but not in the GIL samples.
-
-The markdown section goes between ``<!-- profile:begin -->`` and ``<!-- profile:end -->`` of
-``docs/benchmarks.md`` (after the main results' Details section when the markers are absent).
+The raw collapsed stacks are then summarised (:func:`summarise`, pure): every sample goes to one
+bucket, that of the deepest frame a :data:`RULES` entry matches; the microseconds per message of a
+bucket are its share of the samples times the event-loop thread's CPU microseconds per message.
+The rules name the product's files as py-spy prints them: strings, nothing imported.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
+import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
+import urllib.request
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import confluent_kafka
 
-from bench.__main__ import SETTLED_CPU, SINGLE_PARTITIONS
-from bench.brokers import (
-    KAFKA_WARMUP,
-    BenchKafka,
-    NodeLaunch,
-    RunningBroker,
-    describe_checkout,
-    node_has_stats,
-    node_stats,
-    start_headwater,
+from bench.brokers import Broker, Headwater
+from bench.load import Groups, Role, Timing
+from bench.measure import (
+    CLOCK_TICKS,
+    cpu_ticks,
+    load_average,
+    machine,
+    python_version,
+    settle,
+    waited_seconds,
 )
-from bench.cpu import settle, waited_seconds
-from bench.jobs import install_signal_handlers, work_directory
-from bench.load import ClientPlan, GroupPlan, Mode, Timing
-from bench.measure import CLOCK_TICKS, cpu_ticks
-from bench.report import load_average, machine, python_version
-from bench.scenarios import drive, sleep_until
-from headwater.errors import HeadwaterError
+from bench.report import DEFAULT_OUTPUT, markers
+from bench.throughput import SETTLED_CPU, warm_kafka
 
-BEGIN, END = "<!-- profile:begin -->", "<!-- profile:end -->"
-DEFAULT_OUTPUT = Path("docs/benchmarks.md")
-DEFAULT_SVG_DIR = Path("docs/flame")
+BEGIN, END = markers("profile")
+SVG_DIR = Path("docs/flame")
 SAMPLE_RATE = 250
 PUBLISHERS = 4
-PAYLOAD = 64
+WINDOW = 100
 TOP = 15
 SLACK = 3.0
 """Seconds the publishers keep going after the two windows' nominal end (py-spy's attach)."""
+
 
 # -- the summary of collapsed stacks (pure) -------------------------------------------------------
 
@@ -257,7 +246,10 @@ def summarise(text: str, rules: Iterable[Rule] = RULES) -> Summary:
     return Summary(total, dict(buckets), [(f, n, leaf_bucket[f]) for f, n in ranked])
 
 
-# -- measuring one node ---------------------------------------------------------------------------
+def node_stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        stats: dict[str, Any] = json.loads(answer.read())
+        return stats
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +265,8 @@ class Reading:
     of /proc/PID/task/PID/schedstat, nanoseconds)."""
 
     @classmethod
-    def take(cls, pid: int, stats_port: int) -> Reading:
-        stats = node_stats(stats_port)
+    def take(cls, pid: int, stats_url: str) -> Reading:
+        stats = node_stats(stats_url)
         process = cpu_ticks(Path(f"/proc/{pid}/stat").read_text()) / CLOCK_TICKS
         main = cpu_ticks(Path(f"/proc/{pid}/task/{pid}/stat").read_text()) / CLOCK_TICKS
         return cls(
@@ -303,14 +295,9 @@ class Window:
     @classmethod
     def between(cls, a: Reading, b: Reading) -> Window:
         return cls(
-            b.at - a.at,
-            b.received - a.received,
-            b.sent - a.sent,
-            b.produced - a.produced,
-            b.process_cpu - a.process_cpu,
-            b.main_cpu - a.main_cpu,
-            b.main_waited - a.main_waited,
-        )
+            b.at - a.at, b.received - a.received, b.sent - a.sent, b.produced - a.produced,
+            b.process_cpu - a.process_cpu, b.main_cpu - a.main_cpu, b.main_waited - a.main_waited,
+        )  # fmt: skip
 
     def per_message_us(self, cpu_seconds: float) -> float:
         return cpu_seconds / self.received * 1e6 if self.received else 0.0
@@ -351,116 +338,93 @@ class Recorder(threading.Thread):
     """From ``start``: the measured window (raw profile, readings around it), then the SVG's."""
 
     def __init__(
-        self, pid: int, stats_port: int, start: float, seconds: int, raw: Path, svg: Path
+        self, pid: int, stats_url: str, start: float, seconds: int, raw: Path, svg: Path
     ) -> None:
         super().__init__(name="bench-flame-recorder", daemon=True)
-        self.pid, self.stats_port, self.start_at = pid, stats_port, start
+        self.pid, self.stats_url, self.start_at = pid, stats_url, start
         self.seconds, self.raw, self.svg = seconds, raw, svg
         self.window: Window | None = None
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            sleep_until(self.start_at)
-            before = Reading.take(self.pid, self.stats_port)
+            time.sleep(max(0.0, self.start_at - time.monotonic()))
+            before = Reading.take(self.pid, self.stats_url)
             record(self.pid, self.seconds, "raw", self.raw)
-            after = Reading.take(self.pid, self.stats_port)
+            after = Reading.take(self.pid, self.stats_url)
             self.window = Window.between(before, after)
             record(self.pid, self.seconds, "flamegraph", self.svg)
         except BaseException as exc:  # reported by the main thread
             self.error = exc
 
 
-@dataclass(frozen=True, slots=True)
-class RunSpec:
-    name: str
-    qos: int
-    rate: float
-    """Messages per second over all publishers; 0: open loop (as fast as the node takes)."""
-
-    @property
-    def title(self) -> str:
-        load = f"paced at {self.rate:,.0f} msg/s in all" if self.rate else "open loop"
-        return f"QoS {self.qos} fan-in, {PUBLISHERS} publishers -> 1 subscriber, {load}"
-
-
 @dataclass(slots=True)
 class Profiled:
-    spec: RunSpec
+    qos: int
     window: Window
     summary: Summary
     svg: Path
-    raw: Path
     offered: float
-    """Messages per second the publishers sent over the whole timed part of the run."""
+
+    @property
+    def title(self) -> str:
+        return f"QoS {self.qos} fan-in, {PUBLISHERS} publishers -> 1 subscriber, open loop"
 
 
-@dataclass(frozen=True, slots=True)
-class Options:
-    seconds: int
-    warmup: float
-    window: int
-    work: Path
-    svg_dir: Path
-
-
-def plans(spec: RunSpec, broker: RunningBroker, tag: str, window: int) -> list[list[GroupPlan]]:
-    """The fan-in's groups, as ``bench.scenarios.run_throughput`` lays them out."""
-    at = broker.endpoints[0]
-    topics = [f"bench/{tag}-p{i}/t" for i in range(PUBLISHERS)]
-    pubs = tuple(ClientPlan(f"{tag}-pub{i}", at, (t,), spec.qos) for i, t in enumerate(topics))
-    sub = ClientPlan(f"{tag}-sub0", at, tuple(topics), spec.qos)
-    mode: Mode = "paced" if spec.rate else "flood"
-    return [
-        [GroupPlan("subscribers0", "sub", (sub,), payload_size=PAYLOAD)],
-        [
-            GroupPlan(
-                "publishers", "pub", pubs, mode=mode, rate=spec.rate / PUBLISHERS,
-                window=window, payload_size=PAYLOAD,
-            )
-        ],
-    ]  # fmt: skip
-
-
-def profile_run(spec: RunSpec, broker: RunningBroker, options: Options, tag: str) -> Profiled:
-    pid, stats_port = broker.processes[0].pid, broker.stats_ports[0]
-    raw = options.work / f"{spec.name}.raw"
-    svg = options.svg_dir / f"{spec.name}.svg"
-    sub_plans, pub_plans = plans(spec, broker, f"{tag}-{spec.name}", options.window)
-    recorders: list[Recorder] = []
-
-    def timing(start: float) -> Timing:
-        measure_from = start + options.warmup
-        recorder = Recorder(pid, stats_port, measure_from, options.seconds, raw, svg)
+def profile_run(qos: int, b: Broker, seconds: int, work: Path, svg_dir: Path) -> Profiled:
+    raw, svg = work / f"qos{qos}.raw", svg_dir / f"qos{qos}.svg"
+    at, warmup = b.endpoints[0], 2.0
+    pubs = Role("flood1" if qos else "flood0", at, PUBLISHERS, f"fp{qos}", first=qos * 10,
+                qos=qos, window=WINDOW, stamped=bool(qos))  # fmt: skip
+    sub = Role("sub", at, 1, f"fs{qos}", filter="lg/#", qos=qos, stamped=bool(qos))
+    groups = Groups([sub, pubs])
+    try:
+        groups.ready()
+        t0 = time.monotonic() + 0.5
+        timing = Timing(t0, t0 + warmup, t0 + warmup + 2 * seconds + SLACK, 1.0, 10.0)
+        stats_url = b.state["node0 stats"]
+        recorder = Recorder(b.pids[0], stats_url, timing.measure_from, seconds, raw, svg)
         recorder.start()
-        recorders.append(recorder)
-        end = measure_from + 2 * options.seconds + SLACK
-        return Timing(start, measure_from, end, drain_max=5.0)
-
-    run = drive(broker, sub_plans, pub_plans, timing, profile_name=spec.name)
-    recorder = recorders[0]
-    recorder.join(options.seconds * 2 + 120)
-    if recorder.error is not None:
-        raise RuntimeError(f"{spec.name}: {recorder.error}") from recorder.error
-    if recorder.window is None:
-        raise RuntimeError(f"{spec.name}: py-spy did not finish")
-    offered = sum(r.sent_window for r in run.pubs) / run.window if run.window else 0.0
-    summary = summarise(raw.read_text())
-    return Profiled(spec, recorder.window, summary, svg, raw, offered)
-
-
-# -- the report -----------------------------------------------------------------------------------
+        groups.go(timing)
+        reports = groups.reports(2 * seconds + 120)
+    finally:
+        groups.close()
+    recorder.join(2 * seconds + 120)
+    if recorder.error is not None or recorder.window is None:
+        raise RuntimeError(f"qos{qos}: py-spy: {recorder.error or 'did not finish'}")
+    offered = reports[1].sent_window / (2 * seconds + SLACK)
+    return Profiled(qos, recorder.window, summarise(raw.read_text()), svg, offered)
 
 
 @dataclass(slots=True)
-class Context:
-    started: datetime.datetime
+class ProfileRun:
     command: str
     headwater: str
-    kafka: str
+    seconds: int
     output: Path
-    load_before: str
+    started: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC))
+    load_before: str = field(default_factory=load_average)
     load_after: str = ""
+    results: list[Profiled] = field(default_factory=list)
+
+
+def run(
+    work: Path, hw: Headwater, command: str, progress: Callable[[str], None], seconds: int,
+    svg_dir: Path = SVG_DIR, output: Path = DEFAULT_OUTPUT,
+) -> ProfileRun:  # fmt: skip
+    out = ProfileRun(command, hw.version, seconds, output)
+    svg_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        b = hw.start(work, stack)
+        warm = 3.0 if seconds < 5 else 20.0
+        progress(f"profile: {b.label} up, pid {b.pids[0]}; warming Kafka up for {warm:g} s")
+        warm_kafka(b, warm)
+        for qos in (0, 1):
+            settle(b.pids, SETTLED_CPU, 30.0)
+            out.results.append(profile_run(qos, b, seconds, work, svg_dir))
+            progress(f"profile qos{qos}: {summary_line(out.results[-1])}")
+    out.load_after = load_average()
+    return out
 
 
 def versions() -> str:
@@ -488,7 +452,7 @@ def run_lines(p: Profiled, output: Path) -> list[str]:
     gil_seconds = s.samples / SAMPLE_RATE
     gil_us = gil_seconds / w.received * 1e6 if w.received else 0.0
     lines = [
-        f"### {p.spec.title}",
+        f"### {p.title}",
         "",
         f"- Taken in: **{w.received / w.seconds:,.0f} msgs/s** ({w.received:,} PUBLISHes in "
         f"{w.seconds:.1f} s, the node's `messages_received_by_qos`); written to the subscriber "
@@ -531,115 +495,32 @@ def run_lines(p: Profiled, output: Path) -> list[str]:
     return lines
 
 
-def render(results: list[Profiled], ctx: Context, options: Options) -> str:
+def render(run: ProfileRun) -> str:
     lines = [
         BEGIN,
         "## Profile: where a message's microseconds go (one node, fan-in)",
         "",
-        f"Measured {ctx.started:%Y-%m-%d %H:%M %Z} on {machine()} (load average before "
-        f"{ctx.load_before}, after {ctx.load_after}); Headwater {ctx.headwater}; {versions()}; "
-        f"Kafka {ctx.kafka}. Command: `{ctx.command}`.",
+        f"Measured {run.started:%Y-%m-%d %H:%M} UTC on {machine()} (load average before "
+        f"{run.load_before}, after {run.load_after}); Headwater {run.headwater}; {versions()}. "
+        f"Command: `{run.command}`.",
         "",
-        "How: one Headwater node (`python -m frontend --stats-listen ...`, log topic of "
-        f"{SINGLE_PARTITIONS} partitions) on one Kafka; per run, bench.load's fan-in ("
-        f"{PUBLISHERS} publishers -> 1 subscriber, {PAYLOAD}-byte payloads, QoS 1 with "
-        f"{options.window} in flight per publisher) and, after {options.warmup:g} s of warm-up, "
-        f"`py-spy record --pid PID --duration {options.seconds} --rate {SAMPLE_RATE} --gil "
+        "How: one node of `headwater dev up`; per run, bench.load's fan-in ("
+        f"{PUBLISHERS} publishers -> 1 subscriber, 64-byte payloads, QoS 1 with {WINDOW} in "
+        "flight per publisher) and, after 2 s of warm-up, "
+        f"`py-spy record --pid PID --duration {run.seconds} --rate {SAMPLE_RATE} --gil "
         "--format raw`, with the node's `GET /stats` counters and its CPU time (`utime + stime` "
         "of /proc/PID/stat for the process, of /proc/PID/task/PID/stat for the event-loop "
         "thread) read just before and after; then a second window of the same length for the "
-        "SVG (`--format flamegraph`). `--gil` keeps only samples of a thread holding the GIL: "
-        "Python (and C called from Python with the GIL held, e.g. `producer.poll`, "
-        "`transport.write`) and no idle thread. Each sample counts once, in the bucket of its "
-        "deepest frame that a rule of `bench/flame.py` matches (`RULES`); µs/msg of a bucket = "
-        "its share of the samples x the event-loop thread's CPU µs per message taken in. "
-        "librdkafka's C threads (batching, compression, the network) are in the process CPU but "
-        "not in GIL samples. `__create_fn__.<locals>.__init__ (<string>)` is a dataclass's "
-        "generated `__init__` (its caller's bucket). py-spy pauses the node for each sample, "
-        "so the rates here are a little below an unprofiled node's.",
+        "SVG (`--format flamegraph`). `--gil` keeps only samples of a thread holding the GIL. "
+        "Each sample counts once, in the bucket of its deepest frame that a rule of "
+        "`bench/profile.py` matches (`RULES`); µs/msg of a bucket = its share of the samples x "
+        "the event-loop thread's CPU µs per message taken in. librdkafka's C threads are in the "
+        "process CPU but not in GIL samples. py-spy pauses the node for each sample, so the "
+        "rates here are a little below an unprofiled node's.",
     ]
-    for p in results:
-        lines += ["", *run_lines(p, ctx.output)]
+    for p in run.results:
+        lines += ["", *run_lines(p, run.output)]
     return "\n".join([*lines, END, ""])
-
-
-def write_section(path: Path, section: str) -> None:
-    """``section`` in place of the one between the markers; else after the Details section of
-    the main results (before the next heading or marker after ``## Details``); else at the end."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        lines = text.splitlines(keepends=True)
-        heads = [k for k, line in enumerate(lines) if line.startswith(("## ", "# ", "<!--"))]
-        details = [k for k in heads if lines[k].strip() == "## Details"]
-        end = next((k for k in heads if details and k > details[0]), None)
-        if end is None:
-            text = text.rstrip("\n") + "\n\n" + section
-        else:
-            head = "".join(lines[:end]).rstrip("\n") + "\n\n"
-            text = head + section.rstrip("\n") + "\n\n" + "".join(lines[end:])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-# -- the command ----------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.flame", description=__doc__.split("\n")[0])
-    p.add_argument("--seconds", type=int, default=10, help="seconds per py-spy window [10]")
-    p.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per run [2]")
-    p.add_argument("--rate-qos0", type=float, default=0.0, help="msgs/s in all; 0: open loop [0]")
-    p.add_argument("--rate-qos1", type=float, default=0.0, help="msgs/s in all; 0: open loop [0]")
-    p.add_argument("--window", type=int, default=100, help="QoS 1 in flight per publisher [100]")
-    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"[{DEFAULT_OUTPUT}]")
-    p.add_argument(
-        "--svg-dir",
-        type=Path,
-        help=f"flame graphs here [{DEFAULT_SVG_DIR}; with --no-write a new directory in /tmp]",
-    )
-    p.add_argument("--no-write", action="store_true", help="print the section only")
-    p.add_argument("--kafka-bootstrap", help="use this Kafka instead of starting one")
-    p.add_argument(
-        "--kafka-warmup",
-        type=float,
-        default=KAFKA_WARMUP,
-        help=f"seconds of untimed records through a Kafka started here [{KAFKA_WARMUP:g}]",
-    )
-    p.add_argument("--work-dir", type=Path, help="logs and raw profiles here [a temp dir]")
-    return p
-
-
-def progress(text: str) -> None:
-    print(f"[bench.flame {datetime.datetime.now():%H:%M:%S}] {text}", file=sys.stderr, flush=True)
-
-
-def profile_all(args: argparse.Namespace, options: Options, ctx: Context) -> list[Profiled]:
-    specs = [RunSpec("qos0", 0, args.rate_qos0), RunSpec("qos1", 1, args.rate_qos1)]
-    tag = uuid.uuid4().hex[:6]
-    results = []
-    with ExitStack() as stack:
-        progress("starting Kafka" if not args.kafka_bootstrap else "using Kafka")
-        kafka = BenchKafka(options.work, stack, args.kafka_bootstrap)
-        ctx.kafka = kafka.version
-        if kafka.local is not None and args.kafka_warmup > 0:
-            progress(f"warming Kafka up for {args.kafka_warmup:g} s")
-            progress(f"warm-up: {kafka.warm_up(args.kafka_warmup):,} records through Kafka")
-        topic = kafka.create_topic(f"bench.{tag}.1n", SINGLE_PARTITIONS)
-        launch = NodeLaunch(stats=node_has_stats(None))
-        if not launch.stats:
-            raise RuntimeError("python -m frontend has no --stats-listen")
-        broker = start_headwater(kafka, topic, SINGLE_PARTITIONS, 1, options.work, stack, launch)
-        progress(f"{broker.label}: up on {broker.endpoints}, pid {broker.processes[0].pid}")
-        for spec in specs:
-            waited = settle(broker.pids, SETTLED_CPU, 30.0)
-            progress(f"{spec.name}: {spec.title} (node idle after {waited:.1f} s)")
-            result = profile_run(spec, broker, options, tag)
-            results.append(result)
-            progress(f"{spec.name}: {summary_line(result)}")
-    return results
 
 
 def summary_line(p: Profiled) -> str:
@@ -656,45 +537,3 @@ def summary_line(p: Profiled) -> str:
         f"{w.per_message_us(w.process_cpu):.1f} µs/msg (event loop {main_us:.1f}), "
         f"{s.samples:,} GIL samples: {buckets}"
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    install_signal_handlers()
-    command = "python -m bench.flame " + shlex.join(sys.argv[1:] if argv is None else argv)
-    svg_dir = args.svg_dir
-    if svg_dir is None:
-        svg_dir = Path(tempfile.mkdtemp(prefix="hw-flame-")) if args.no_write else DEFAULT_SVG_DIR
-    svg_dir.mkdir(parents=True, exist_ok=True)
-    ctx = Context(
-        started=datetime.datetime.now().astimezone(),
-        command=command.strip(),
-        headwater=describe_checkout(),
-        kafka="?",
-        output=args.output,
-        load_before=load_average(),
-    )
-    with ExitStack() as stack:
-        work = work_directory(stack, args.work_dir, "hw-flame-")
-        options = Options(args.seconds, args.warmup, args.window, work, svg_dir)
-        try:
-            results = profile_all(args, options, ctx)
-        except KeyboardInterrupt:
-            progress("interrupted: stopping everything that was started")
-            return 130
-        except (HeadwaterError, RuntimeError, OSError) as exc:
-            progress(f"error: {exc}")
-            return 1
-    ctx.load_after = load_average()
-    section = render(results, ctx, options)
-    print(section)
-    for p in results:
-        progress(f"flame graph: {p.svg}")
-    if not args.no_write:
-        write_section(args.output, section)
-        progress(f"section written to {args.output}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The load generator and issue 26's table: the bench's own codec, the loss accounting, the
+report, the one entry point, and short runs against a real mosquitto (real sockets)."""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from bench import brokers, mqtt
+from bench.__main__ import COMMANDS, build_parser
+from bench.load import Report, Role
+from bench.throughput import SCENARIOS, Result, Run, Settings, account, measure, render
+
+
+def test_the_codec_frames_what_it_encodes() -> None:
+    buf = bytearray(mqtt.publish("lg/7", b"x" * 64, 9) + mqtt.publish("lg/8", b"y", qos=0))
+    buf += mqtt.puback(9)[:3]
+    packets = mqtt.split_all(buf)
+    assert [mqtt.parse_publish(*p) for p in packets] == [
+        mqtt.Publish("lg/7", b"x" * 64, 1, 9, False),
+        mqtt.Publish("lg/8", b"y", 0, 0, False),
+    ]
+    assert buf == bytearray(mqtt.puback(9)[:3])  # an incomplete packet stays
+
+
+def test_the_proxy_header_is_haproxys_v2_for_tcp4() -> None:
+    header = mqtt.proxy_v2("127.0.0.1", 1883)
+    assert header[:12] == b"\r\n\r\n\x00\r\nQUIT\n" and header[12:14] == b"\x21\x11"
+    assert int.from_bytes(header[14:16], "big") == 12 == len(header) - 16
+    assert header[-2:] == (1883).to_bytes(2, "big")
+    assert mqtt.Endpoint("127.0.0.1", 1883).hello() == b""
+
+
+def test_lost_is_acknowledged_and_never_received() -> None:
+    pubs, subs = Report(), Report()
+    pubs.acked = {1: {0, 1, 2, 3}, 2: {0, 1}}
+    pubs.sent, pubs.sent_window = 7, 6
+    subs.got = {1: {0, 2, 3}, 2: {0, 1, 5}}
+    subs.received, subs.received_window, subs.duplicates = 7, 5, 1
+    result = Result("fanin-qos1-paced", "headwater")
+    account(result, [], subs, pubs, 2.0)
+    assert (result.sent, result.lost, result.duplicates) == (6, 1, 1)
+    assert (result.delivered, result.offered) == (2.5, 3.0)
+
+
+def test_qos0_loss_counts_every_subscriber_copy() -> None:
+    at = mqtt.Endpoint("127.0.0.1", 1)
+    roles = [Role("sub", at, 25), Role("sub", at, 25), Role("flood0", at, 1)]
+    pubs, subs = Report(sent=100), Report(received=4_900)
+    result = Result("fanout-qos0", "mosquitto")
+    account(result, roles, subs, pubs, 1.0)
+    assert (result.sent, result.lost) == (5_000, 100)
+
+
+def test_reports_merge() -> None:
+    a = Report(sent=1, received=2, latencies=[0.1], acked={1: {0}}, errors=["x"])
+    a.merge(Report(sent=3, received=4, latencies=[0.2], acked={1: {1}, 2: {0}}))
+    assert (a.sent, a.received, a.latencies, a.acked) == (4, 6, [0.1, 0.2], {1: {0, 1}, 2: {0}})
+
+
+def test_the_table_puts_mosquitto_first_and_the_ratio_last() -> None:
+    run = Run(Settings(), "python -m bench throughput", "this checkout at abc", "2.0.11")
+    run.labels = {"mosquitto": "mosquitto 2.0.11", "headwater": "Headwater (1 node)"}
+    run.results = [
+        Result("fanin-qos0", "mosquitto", delivered=95_190, sent=10, cpu_us=9.5),
+        Result("fanin-qos0", "headwater", delivered=33_233, sent=10, cpu_us=30.3),
+        Result("latency-qos1", "mosquitto", p50_ms=0.2, p99_ms=1.26),
+        Result("latency-qos1", "headwater", error="FAILED: boom"),
+    ]
+    section = render(run)
+    assert section.startswith("<!-- throughput:begin -->\n## Throughput")
+    assert (
+        "| scenario (64-byte payloads) | mosquitto 2.0.11 | Headwater (1 node) | "
+        "ratio vs mosquitto 2.0.11 |" in section
+    )
+    assert (
+        "| 95,190 msg/s, 9.5 us, lost 0.0% | 33,233 msg/s, 30.3 us, lost 0.0% | 0.35x |" in section
+    )
+    assert "| p99 1.26 ms (p50 0.20 ms), lost 0 | FAILED: boom |  |" in section
+
+
+def test_one_entry_point_with_subcommands() -> None:
+    assert set(COMMANDS) >= {"throughput", "scale", "sessions", "profile", "hostile", "spark"}
+    args = build_parser().parse_args(
+        ["throughput", "--brokers", "headwater,mosquitto", "--headwater-rev", "HEAD~3", "--quick"]
+    )
+    assert (args.command, args.headwater_rev, args.quick) == ("throughput", "HEAD~3", True)
+    assert set(SCENARIOS) >= {"fanin-qos0", "fanin-qos1-paced", "fanin-qos1-flood",
+                              "fanout-qos0", "latency-qos0", "latency-qos1", "connect-clean",
+                              "connect-persistent", "connect-sub-clean",
+                              "connect-sub-persistent"}  # fmt: skip
+
+
+needs_mosquitto = pytest.mark.skipif(shutil.which("mosquitto") is None and
+                                     not Path("/usr/sbin/mosquitto").exists(),
+                                     reason="mosquitto is not installed")  # fmt: skip
+
+
+@needs_mosquitto
+def test_a_paced_qos1_run_against_mosquitto_delivers_everything_it_acknowledged(
+    tmp_path: Path,
+) -> None:
+    s = Settings(duration=1.0, warmup=0.2, publishers=2, paced_rate=400.0, drain_max=5.0)
+    with ExitStack() as stack:
+        broker = brokers.start_mosquitto(tmp_path, stack)
+        result = measure(SCENARIOS["fanin-qos1-paced"], broker, s, 100)
+    assert result.error == ""
+    assert 300 <= result.delivered <= 500 and result.sent >= 400
+    assert (result.lost, result.duplicates) == (0, 0)
+    assert 0 < result.p50_ms <= result.p99_ms < 1_000
+
+
+@needs_mosquitto
+def test_connect_cycles_against_mosquitto_are_counted(tmp_path: Path) -> None:
+    s = Settings(duration=1.0, warmup=0.2, in_flight=20)
+    with ExitStack() as stack:
+        broker = brokers.start_mosquitto(tmp_path, stack)
+        result = measure(SCENARIOS["connect-sub-clean"], broker, s, 100)
+    assert not [n for n in result.notes if "failed cycles" in n] and result.delivered > 50
+    assert result.cpu_us > 0
