@@ -25,8 +25,8 @@ APT_NEEDS := redis-server:redis-server haproxy:haproxy mosquitto:mosquitto \
 help:
 	@echo "make run      install what is missing, then start a dev cluster (headwater dev up)"
 	@echo "make test     install what is missing, then ruff, mypy and pytest"
-	@echo "make bench    install what is missing, then python -m bench all: throughput, scale,"
-	@echo "              sessions and profile, Headwater (headwater dev up) beside mosquitto"
+	@echo "make bench    install what is missing, then python -m bench all: throughput, routing,"
+	@echo "              scale, sessions and profile, Headwater (headwater dev up) beside mosquitto"
 	@echo "              (docs/benchmarks.md; BENCH_ARGS=--quick: smoke run)"
 	@echo "make profile  install what is missing, then py-spy one node at full QoS 0 and QoS 1"
 	@echo "              fan-in: where the microseconds per message go (docs/benchmarks.md,"

@@ -1,10 +1,11 @@
 """``python -m bench <subcommand>``: the one entry point of the benchmark (``make bench``: ``all``).
 
 Subcommands: ``throughput`` (issue 26's table beside mosquitto: :mod:`bench.throughput`),
-``scale`` (idle fleets, reconnect storm: :mod:`bench.scale`), ``sessions`` (takeover, replay,
-resume storm: :mod:`bench.sessions`), ``profile`` (py-spy of one node: :mod:`bench.profile`),
-``hostile`` (issue 20's probes: :mod:`bench.hostile`), ``spark`` (the traffic job:
-:mod:`bench.spark_job`), and ``all`` (throughput, scale, sessions, profile).
+``routing`` (what each of 3 nodes reads of the log: :mod:`bench.routing`), ``scale`` (idle
+fleets, reconnect storm: :mod:`bench.scale`), ``sessions`` (takeover, replay, resume storm:
+:mod:`bench.sessions`), ``profile`` (py-spy of one node: :mod:`bench.profile`), ``hostile``
+(issue 20's probes: :mod:`bench.hostile`), ``spark`` (the traffic job: :mod:`bench.spark_job`),
+and ``all`` (throughput, routing, scale, sessions, profile).
 
 Each subcommand starts what it needs on one ``ExitStack`` (unwound on return, exception, Ctrl-C
 or SIGTERM), measures, prints its markdown section and writes it between its markers in
@@ -22,14 +23,15 @@ import signal
 import sys
 import tempfile
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
-from bench import brokers, hostile, profile, scale, sessions, spark_job, throughput
+from bench import brokers, hostile, profile, routing, scale, sessions, spark_job, throughput
 from bench.report import DEFAULT_OUTPUT, write_section
 
-COMMANDS = ("throughput", "scale", "sessions", "profile", "hostile", "spark", "all")
-ALL = ("throughput", "scale", "sessions", "profile")
+COMMANDS = ("throughput", "routing", "scale", "sessions", "profile", "hostile", "spark", "all")
+ALL = ("throughput", "routing", "scale", "sessions", "profile")
 """What ``all`` runs: ``hostile`` (minutes of probes) and ``spark`` only when named."""
 BROKERS = ("headwater", "mosquitto", "amqtt")
 
@@ -69,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--workers", default="1", help="Headwater --workers values compared [1]")
     t.add_argument("--paced-rate", type=float, default=20_000.0, help="paced QoS 1 msg/s [20000]")
     t.add_argument("--rate", type=float, default=1_000.0, help="latency runs msg/s [1000]")
-    s = p.add_argument_group("scale, profile, spark")
+    s = p.add_argument_group("routing, scale, profile, spark")
+    s.add_argument("--messages", type=int, default=200, help="routing: QoS 1 per topic [200]")
     s.add_argument("--clients", type=int, default=10_000, help="scale: idle fleet size [10000]")
     s.add_argument("--storm", type=int, default=5_000, help="scale: reconnect storm size [5000]")
     s.add_argument("--idle", type=float, default=30.0, help="scale: idle window seconds [30]")
@@ -101,6 +104,10 @@ def run_command(
         done = throughput.run(work, names, keys, throughput_settings(args), hw, line, progress,
                              workers)  # fmt: skip
         return throughput.render(done)
+    if command == "routing":
+        layout = routing.Settings(messages=20, seconds=2.0 if args.quick else 4.0)
+        layout = layout if args.quick else replace(layout, messages=args.messages)
+        return routing.render(routing.run(work, hw, line, progress, layout))
     if command == "scale":
         settings = scale.Settings(args.clients, args.storm, args.idle)
         settings = scale.quick(settings) if args.quick else settings

@@ -18,8 +18,10 @@ is waited on, so an exception, Ctrl-C or SIGTERM at any point stops whatever was
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -56,6 +58,8 @@ class Broker:
     """Kafka and Redis (Headwater only)."""
     state: dict[str, str] = field(default_factory=dict)
     """Headwater: ``headwater.json``'s endpoints (kafka, redis, node stats URLs)."""
+    stats: list[str] = field(default_factory=list)
+    """Headwater: each node's ``GET /stats`` URL, in the order of ``endpoints``."""
 
 
 def free_port() -> int:
@@ -171,7 +175,9 @@ class Headwater:
     def at(cls, rev: str | None, work: Path) -> Headwater:
         return cls(*snapshot_source(rev, work)) if rev else cls()
 
-    def up_flags(self) -> str:
+    @functools.cached_property
+    def up_flags(self) -> frozenset[str]:
+        """The options this source's ``dev up --help`` lists: all the launcher may pass."""
         help_text = subprocess.run(
             [sys.executable, "-m", "headwater", "dev", "up", "--help"],
             cwd=self.source,
@@ -180,7 +186,14 @@ class Headwater:
             text=True,
             check=False,
         )
-        return help_text.stdout
+        return frozenset(re.findall(r"(?<![\w-])--[a-z][\w-]*", help_text.stdout))
+
+    def check_flags(self, argv: Sequence[str]) -> None:
+        """RuntimeError naming any option of ``argv`` this version's ``dev up`` lacks."""
+        missing = [a.split("=")[0] for a in argv if a.startswith("--") and a.split("=")[0]
+                   not in self.up_flags]  # fmt: skip
+        if missing:
+            raise RuntimeError(f"`headwater dev up` of {self.version} has no {', '.join(missing)}")
 
     def start(
         self,
@@ -195,9 +208,9 @@ class Headwater:
         state_dir = work / f"cluster-{time.monotonic_ns()}"
         argv = [sys.executable, "-m", "headwater", "dev", "up", "--nodes", str(nodes)]
         argv += ["--port", str(free_port()), "--state-dir", str(state_dir), *up_args]
-        flags = self.up_flags()
-        argv += [a for f in ("--tls-port", "--ws-port") if f in flags for a in (f, "0")]
+        argv += [a for f in ("--tls-port", "--ws-port") if f in self.up_flags for a in (f, "0")]
         argv += ["--workers", str(workers)] if workers > 1 else []
+        self.check_flags(argv)
         log = state_dir.with_suffix(".log")
         child_env = {**(env or {}), "PYTHONPATH": str(self.source)}
         up = spawn(stack, argv, log, child_env, self.source)
@@ -210,9 +223,10 @@ class Headwater:
             wait_connack(at, START_TIMEOUT, up, log)
         services = [by_name[n]["pid"] for n in ("kafka", "redis") if n in by_name]
         label = f"Headwater ({nodes} node{'s' if nodes > 1 else ''})"
+        stats = [state["endpoints"].get(f"{n} stats", "") for n in nodes_found]
         return Broker(
             "headwater", label, endpoints, [r["pid"] for r in node_recs], services,
-            dict(state["endpoints"]),
+            dict(state["endpoints"]), stats,
         )  # fmt: skip
 
 

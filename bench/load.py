@@ -12,8 +12,9 @@ connected (and subscribed) its clients, sends every process the same :class:`Tim
   as a PUBACK comes back;
 * ``paced``: ``rate`` per connection, one PUBLISH per write, on schedule whatever the broker has
   acknowledged (at QoS 1 a packet identifier is reused only once its PUBACK came);
-* ``sub``: subscribes ``filter``, PUBACKs every QoS 1 PUBLISH, counts what arrives in the
-  measured window, then drains until nothing came for ``drain_idle`` (``drain_max`` at most);
+* ``sub``: subscribes ``filter`` (or ``filters``), PUBACKs every QoS 1 PUBLISH, counts what
+  arrives in the measured window, then drains until nothing came for ``drain_idle``
+  (``drain_max`` at most);
 * ``churn``: ``clients`` connections in flight, each CONNECT -> CONNACK (-> SUBSCRIBE -> SUBACK)
   -> DISCONNECT, again and again, counting what completed in the window.
 
@@ -56,8 +57,12 @@ class Role:
     tag: str = "lg"
     topic: str = "lg/{i}"
     """Publishers: ``{i}`` is the publisher's number (``first`` + its index here)."""
+    topics: tuple[str, ...] = ()
+    """Publishers: one topic per connection instead of ``topic`` (the k-th connection's)."""
     first: int = 0
     filter: str = "lg/#"
+    filters: tuple[str, ...] = ()
+    """Subscribers: every connection subscribes these in one SUBSCRIBE instead of ``filter``."""
     qos: int = 0
     rate: float = 0.0
     """paced: messages per second per connection."""
@@ -66,6 +71,10 @@ class Role:
     subscribe: bool = False
     """churn: a SUBSCRIBE (QoS 1) between CONNECT and DISCONNECT."""
     stamped: bool = True
+
+    def topic_of(self, i: int) -> str:
+        """Publisher ``i``'s topic."""
+        return self.topics[i - self.first] if self.topics else self.topic.format(i=i)
 
 
 @dataclass(frozen=True)
@@ -171,7 +180,7 @@ async def open_client(role: Role, client_id: str) -> Client:
     if connack[1] != 0:
         raise RuntimeError(f"{client_id}: CONNACK {connack[1]}")
     if role.kind == "sub":
-        client.write(mqtt.subscribe(1, [role.filter], role.qos))
+        client.write(mqtt.subscribe(1, role.filters or [role.filter], role.qos))
         await client.expect(mqtt.SUBACK)
     return client
 
@@ -180,7 +189,7 @@ async def open_client(role: Role, client_id: str) -> Client:
 
 
 async def flood0(client: Client, role: Role, i: int, t: Timing, report: Report) -> None:
-    batch = mqtt.publish(role.topic.format(i=i), b"x" * PAYLOAD, qos=0) * BATCH
+    batch = mqtt.publish(role.topic_of(i), b"x" * PAYLOAD, qos=0) * BATCH
     while (now := time.monotonic()) < t.end:
         if not client.writable.is_set():
             await client.writable.wait()
@@ -214,7 +223,7 @@ class Acks:
 
 
 async def flood1(client: Client, role: Role, i: int, t: Timing, report: Report) -> None:
-    acks, topic, seq = Acks(report, i), role.topic.format(i=i), 0
+    acks, topic, seq = Acks(report, i), role.topic_of(i), 0
     client.on_puback = acks.on_puback
     while (now := time.monotonic()) < t.end:
         while len(acks.flight) < role.window:
@@ -229,7 +238,7 @@ async def flood1(client: Client, role: Role, i: int, t: Timing, report: Report) 
 
 
 async def paced(client: Client, role: Role, i: int, t: Timing, report: Report) -> None:
-    acks, topic, seq, qos = Acks(report, i), role.topic.format(i=i), 0, role.qos
+    acks, topic, seq, qos = Acks(report, i), role.topic_of(i), 0, role.qos
     client.on_puback = acks.on_puback
     total = int((t.end - t.start) * role.rate)
     while seq < total:

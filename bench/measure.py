@@ -12,17 +12,20 @@ them only open a file or ask the server.  What each figure is:
   explain slow TCP connects;
 * a broker's processes: a pid and its children (a node of ``--workers N`` is a parent and N
   workers), read afresh at each reading;
+* a Headwater node's own counters: its ``GET /stats`` JSON;
 * Redis commands: ``total_commands_processed`` and ``cmdstat_*`` of ``INFO``.  A reading's own
   ``INFO`` is counted after it answered: between two readings exactly one command is ours.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +144,13 @@ def tcp_counters() -> dict[str, int]:
     except OSError:
         return {}
     return {name: counters[name] for name in KERNEL_COUNTERS if name in counters}
+
+
+def node_stats(url: str) -> dict[str, Any]:
+    """A node's ``GET /stats`` snapshot."""
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        stats: dict[str, Any] = json.loads(answer.read())
+        return stats
 
 
 # -- Redis ------------------------------------------------------------------------------------

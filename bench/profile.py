@@ -21,7 +21,6 @@ The rules name the product's files as py-spy prints them: strings, nothing impor
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import re
 import shlex
@@ -30,14 +29,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import confluent_kafka
 
@@ -48,6 +45,7 @@ from bench.measure import (
     cpu_ticks,
     load_average,
     machine,
+    node_stats,
     python_version,
     settle,
     waited_seconds,
@@ -246,12 +244,6 @@ def summarise(text: str, rules: Iterable[Rule] = RULES) -> Summary:
     return Summary(total, dict(buckets), [(f, n, leaf_bucket[f]) for f, n in ranked])
 
 
-def node_stats(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        stats: dict[str, Any] = json.loads(answer.read())
-        return stats
-
-
 @dataclass(frozen=True, slots=True)
 class Reading:
     at: float
@@ -382,7 +374,7 @@ def profile_run(qos: int, b: Broker, seconds: int, work: Path, svg_dir: Path) ->
         groups.ready()
         t0 = time.monotonic() + 0.5
         timing = Timing(t0, t0 + warmup, t0 + warmup + 2 * seconds + SLACK, 1.0, 10.0)
-        stats_url = b.state["node0 stats"]
+        stats_url = b.stats[0]
         recorder = Recorder(b.pids[0], stats_url, timing.measure_from, seconds, raw, svg)
         recorder.start()
         groups.go(timing)

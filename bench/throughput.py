@@ -318,6 +318,34 @@ def ratio(a: Result | None, b: Result | None) -> str:
     return f"{a.delivered / b.delivered:.2f}x"
 
 
+def times_mosquitto(h: Result, m: Result | None, at_least: float) -> bool:
+    return m is not None and not m.error and h.delivered >= at_least * m.delivered
+
+
+TARGETS: dict[str, tuple[str, Callable[[Result, Result | None], bool]]] = {
+    "fanin-qos0": (">= 0.5x mosquitto", lambda h, m: times_mosquitto(h, m, 0.5)),
+    "fanin-qos1-paced": (">= 19,000 msg/s, p99 <= 50 ms, 0 lost",
+                         lambda h, m: h.delivered >= 19_000 and h.p99_ms <= 50 and not h.lost),
+    "fanout-qos0": (">= 1.5x mosquitto and >= 500,000/s",
+                    lambda h, m: times_mosquitto(h, m, 1.5) and h.delivered >= 500_000),
+    "latency-qos0": ("p99 <= 3 ms", lambda h, m: h.p99_ms <= 3),
+    "latency-qos1": ("p99 <= 3 ms", lambda h, m: h.p99_ms <= 3),
+    **{k: (">= mosquitto", lambda h, m: times_mosquitto(h, m, 1.0))
+       for k in ("connect-clean", "connect-persistent", "connect-sub-clean",
+                 "connect-sub-persistent")},
+}  # fmt: skip
+"""Issue 26's "done when", judged on Headwater's row of this run (mosquitto: the same run's)."""
+
+
+def verdict(h: Result | None, m: Result | None) -> str:
+    if h is None or h.key not in TARGETS or h.error:
+        return ""
+    text, met = TARGETS[h.key]
+    if "mosquitto" in text and (m is None or m.error):
+        return f"not judged: no mosquitto figure ({text})"
+    return f"{'met' if met(h, m) else 'NOT met'} ({text})"
+
+
 def render(run: Run) -> str:
     s = run.settings
     names = list(run.labels)
@@ -325,12 +353,13 @@ def render(run: Run) -> str:
     first = "headwater" if "headwater" in names else names[0]
     others = [n for n in names if n != first]
     head = ["scenario (64-byte payloads)", *(run.labels[n] for n in others), run.labels[first]]
-    head += [f"ratio vs {run.labels[n]}" for n in others[:1]]
+    head += [f"ratio vs {run.labels[n]}" for n in others[:1]] + ["issue 26's target"]
     rows = []
     for key in dict.fromkeys(r.key for r in run.results):
         cells = [summary(found[key, n]) if (key, n) in found else "-" for n in [*others, first]]
         extra = [ratio(found.get((key, first)), found.get((key, others[0])))] if others else []
-        rows.append([SCENARIOS[key].title, *cells, *extra])
+        judged = verdict(found.get((key, "headwater")), found.get((key, "mosquitto")))
+        rows.append([SCENARIOS[key].title, *cells, *extra, judged])
     where = (
         "one node"
         if s.nodes == 1
@@ -355,6 +384,7 @@ def render(run: Run) -> str:
         "(raw MQTT 3.1.1 on its own codec, one process per role: publishers, subscribers). "
         "us = broker CPU (utime + stime of /proc/<pid>/stat, every process of the broker) per "
         "delivered message or per CONNECT cycle over the measured window. Lost: QoS 1 PUBACKed "
-        "and never received after a drain; QoS 0 sent and never received.",
+        "and never received after a drain; QoS 0 sent and never received. The last column "
+        "judges Headwater's row by issue 26's targets (ratios against mosquitto in this run).",
     ]
     return wrap("throughput", lines)

@@ -82,6 +82,31 @@ def test_the_table_puts_mosquitto_first_and_the_ratio_last() -> None:
     assert "| p99 1.26 ms (p50 0.20 ms), lost 0 | FAILED: boom |  |" in section
 
 
+def test_headwaters_row_is_judged_by_issue_26s_targets() -> None:
+    run = Run(Settings(), "python -m bench throughput", "this checkout at abc", "2.0.11")
+    run.labels = {"mosquitto": "mosquitto 2.0.11", "headwater": "Headwater (1 node)"}
+    run.results = [
+        Result("fanin-qos0", "mosquitto", delivered=95_190, sent=10),
+        Result("fanin-qos0", "headwater", delivered=47_600, sent=10),
+        Result("fanin-qos1-paced", "mosquitto", delivered=19_998, p99_ms=10.7),
+        Result("fanin-qos1-paced", "headwater", delivered=19_100, p99_ms=51.0),
+        Result("fanout-qos0", "mosquitto", delivered=300_000, sent=10),
+        Result("fanout-qos0", "headwater", delivered=510_000, sent=10),
+        Result("latency-qos1", "headwater", p99_ms=2.9),
+        Result("connect-clean", "headwater", delivered=3_000),
+    ]
+    rows = {line.split(" | ")[0][2:]: line for line in render(run).splitlines()}
+    verdicts = {SCENARIOS[k].title: v for k, v in [
+        ("fanin-qos0", "| met (>= 0.5x mosquitto) |"),
+        ("fanin-qos1-paced", "| NOT met (>= 19,000 msg/s, p99 <= 50 ms, 0 lost) |"),
+        ("fanout-qos0", "| met (>= 1.5x mosquitto and >= 500,000/s) |"),
+        ("latency-qos1", "| met (p99 <= 3 ms) |"),
+        ("connect-clean", "| not judged: no mosquitto figure (>= mosquitto) |"),
+    ]}  # fmt: skip
+    assert {t: rows[t].endswith(v) for t, v in verdicts.items()} == dict.fromkeys(verdicts, True)
+    assert "| issue 26's target |" in render(run)
+
+
 def test_one_entry_point_with_subcommands() -> None:
     assert set(COMMANDS) >= {"throughput", "scale", "sessions", "profile", "hostile", "spark"}
     args = build_parser().parse_args(
@@ -121,3 +146,14 @@ def test_connect_cycles_against_mosquitto_are_counted(tmp_path: Path) -> None:
         result = measure(SCENARIOS["connect-sub-clean"], broker, s, 100)
     assert not [n for n in result.notes if "failed cycles" in n] and result.delivered > 50
     assert result.cpu_us > 0
+
+
+def test_an_older_revs_launcher_is_refused_a_flag_it_lacks_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    hw = brokers.Headwater.at("12cb040", tmp_path)  # before `dev up --export` existed
+    assert {"--nodes", "--port", "--state-dir", "--workers"} <= hw.up_flags
+    assert "--export" not in hw.up_flags and "--export" in brokers.Headwater().up_flags
+    with ExitStack() as stack, pytest.raises(RuntimeError, match=r"12cb0403ba .* has no --export"):
+        hw.start(tmp_path, stack, up_args=["--export", "a/#=mirror"])
+    assert not list(tmp_path.glob("cluster-*.log"))
