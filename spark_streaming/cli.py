@@ -1,17 +1,23 @@
 """``headwater analytics <job> [flags]``: run one Spark Structured Streaming job on the log.
 
+``<job>`` is a built-in job, ``sql QUERY`` (the query, or a ``.sql`` file: a path, or the name of
+one shipped in ``spark_streaming/sql/``) or ``run FILE.py`` (``spark_streaming.userjobs``).
 Parsing only: the flags become a ``JobOptions``, checked before Spark starts, and
-``spark_streaming.runner.run`` does the rest.  Bad flags exit 2 with one line naming the flag; a
-failed query exits 1.  ``python -m spark_streaming.cli <job>`` and ``spark-submit
+``spark_streaming.runner.run`` does the rest.  Bad flags exit 2 with one line naming the flag; so
+does a query Spark refuses (its ``AnalysisException`` or ``ParseException`` message, no trace); a
+query failing while it runs exits 1.  ``python -m spark_streaming.cli <job>`` and ``spark-submit
 spark_streaming/cli.py <job>`` accept the same arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+from importlib import resources
+from pathlib import Path
 
-from pyspark.errors import PySparkException
+from pyspark.errors import AnalysisException, PySparkException
 
 from router.partitioner import DEFAULT_ROUTING_DEPTH
 from spark_streaming.jobs import JOBS
@@ -20,11 +26,13 @@ from spark_streaming.options import (
     DEFAULT_TRIGGER,
     OUTPUT_MODES,
     SINKS,
+    USER_JOBS,
     JobOptions,
     OptionsError,
     Trigger,
     validate,
 )
+from spark_streaming.payload_schema import payload_schema
 from spark_streaming.runner import run
 from spark_streaming.settings import KAFKA_BOOTSTRAP_ENV, SettingError, external_kafka_bootstrap
 
@@ -48,7 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="headwater analytics",
         description="Run a Spark Structured Streaming job on Headwater's log.",
     )
-    p.add_argument("job", choices=tuple(JOBS))
+    p.add_argument("job", choices=(*JOBS, *USER_JOBS))
+    p.add_argument(
+        "target",
+        nargs="?",
+        default=None,
+        metavar="QUERY|FILE",
+        help="sql: the query or a .sql file; run: a .py file defining job(views)",
+    )
     p.add_argument("--bootstrap", default=None, help=f"Kafka bootstrap [${KAFKA_BOOTSTRAP_ENV}]")
     p.add_argument(
         "--topic", default=DEFAULT_TOPIC, help=f"the log topic (default {DEFAULT_TOPIC})"
@@ -76,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-mode",
         choices=OUTPUT_MODES,
         default=None,
-        help="default: update for console/mqtt traffic, else append",
+        help="default: update (running totals), append for parquet and final-rows jobs",
     )
     p.add_argument("--starting-offsets", default="earliest", help="earliest | latest | Kafka JSON")
     p.add_argument("--max-offsets-per-trigger", type=_positive, default=None)
@@ -107,6 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also count the analytics sink's own messages",
     )
+    p.add_argument(
+        "--payload-schema",
+        default=None,
+        help="sql/run: a DDL string or JSON Schema file; adds the parsed payload as `data`",
+    )
+    p.add_argument(
+        "--include-node-records",
+        action="store_true",
+        help="sql/run: the messages view keeps $SYS reports, events and analytics results",
+    )
+    p.add_argument("--kafka-topic", default=None, help="kafka sink: the topic of the results")
     p.add_argument("--query-name", default=None)
     p.add_argument("--shuffle-partitions", type=_positive, default=4)
     return p
@@ -148,13 +174,44 @@ def options_from_args(
         include_analytics=args.include_analytics,
         query_name=args.query_name,
         shuffle_partitions=args.shuffle_partitions,
+        query=sql_text(args.target) if args.job == "sql" and args.target else None,
+        job_file=args.target if args.job == "run" else None,
+        payload_schema=args.payload_schema,
+        include_node_records=args.include_node_records,
+        kafka_topic=args.kafka_topic,
     )
+
+
+SHIPPED_SQL = "sql"
+"""The directory of ``spark_streaming`` holding the SQL jobs shipped with the project."""
+
+
+def sql_text(target: str) -> str:
+    """The query ``target`` is: itself, or the text of the ``.sql`` file it names (a path, else
+    the name of a shipped one)."""
+    if not target.rstrip().endswith(".sql") or "\n" in target:
+        return target
+    path = Path(target)
+    if path.is_file():
+        return path.read_text()
+    shipped = resources.files("spark_streaming").joinpath(SHIPPED_SQL, path.name)
+    if shipped.is_file():
+        return shipped.read_text()
+    raise OptionsError(f"sql: no such SQL file: {target}")
 
 
 def checked_options(argv: list[str], fallback_bootstrap: str | None = None) -> JobOptions:
     """Everything `main` checks before Spark starts: the flags parsed (argparse exits 2 on a bad
     one), the Kafka found, the options valid for the job; raises OptionsError or SettingError."""
-    options = options_from_args(build_parser().parse_args(argv), fallback_bootstrap)
+    args = build_parser().parse_args(argv)
+    if args.target is not None and args.job not in USER_JOBS:
+        raise OptionsError(f"{args.job} takes no QUERY or FILE (only sql and run do)")
+    options = options_from_args(args, fallback_bootstrap)
+    if options.job in USER_JOBS:
+        validate(options, append_only=False)
+        if options.payload_schema:
+            payload_schema(options.payload_schema)
+        return options
     job = JOBS[options.job]
     validate(options, job.APPEND_ONLY)
     if hasattr(job, "check"):
@@ -168,13 +225,27 @@ def main(argv: list[str] | None = None, fallback_bootstrap: str | None = None) -
     except (OptionsError, SettingError) as exc:
         print(f"headwater analytics: error: {exc}", file=sys.stderr)
         return 2
+    _quiet_query_context_loggers()
     try:
         summary = run(options)
+    except (AnalysisException, OptionsError) as exc:  # ParseException is an AnalysisException
+        print(f"headwater analytics: error: {exc}", file=sys.stderr)
+        return 2
     except PySparkException as exc:
-        print(f"headwater analytics: {options.job} failed: {exc}", file=sys.stderr)
+        print(f"headwater analytics: {options.title} failed: {exc}", file=sys.stderr)
         return 1
-    print(f"headwater analytics: {options.job}: {summary.line()}", file=sys.stderr)
+    print(f"headwater analytics: {options.title}: {summary.line()}", file=sys.stderr)
     return 0
+
+
+QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+"""PySpark's loggers that print each analysis error (as JSON, with its trace) where it is raised:
+``main`` prints the message once itself."""
+
+
+def _quiet_query_context_loggers() -> None:
+    for name in QUERY_CONTEXT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 if __name__ == "__main__":

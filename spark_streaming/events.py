@@ -1,8 +1,10 @@
 """The event stream every job starts from, and the column expressions the jobs share.
 
 ``events`` takes decoded messages (``spark_streaming.source.decode_records``), drops the records
-the analytics MQTT sink wrote itself (their ``origin_node`` is ``ANALYTICS_ORIGIN``; counting them
-would make analytics of analytics), and declares the watermark on ``event_time``: a window is
+no client published: the nodes' ``$SYS`` reports and client events (``$events/...``), and the
+records the analytics MQTT sink wrote itself (their ``origin_node`` is ``ANALYTICS_ORIGIN``;
+counting them would make analytics of analytics) unless ``--include-analytics``, and declares the
+watermark on ``event_time``: a window is
 final once the newest event time seen is ``--watermark`` past its end, and rows arriving later
 than that are dropped.  On a static DataFrame the watermark is a no-op, so transforms are pure.
 """
@@ -12,14 +14,17 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from spark_streaming.options import ANALYTICS_ORIGIN, JobOptions, spark_interval
+from router.record import ANALYTICS, CLIENT, EVENT, SYS
+from spark_streaming.options import JobOptions, spark_interval
+from spark_streaming.source import node_kind
 
 
 def events(messages: DataFrame, options: JobOptions) -> DataFrame:
-    """``messages`` without the analytics sink's own records, watermarked on ``event_time``."""
-    if not options.include_analytics:
-        messages = messages.where(F.col("origin_node") != F.lit(ANALYTICS_ORIGIN))
-    return messages.withWatermark("event_time", spark_interval(options.watermark, 0))
+    """``messages`` without the records of nodes and of the analytics sink, watermarked on
+    ``event_time``."""
+    dropped = [SYS, EVENT] if options.include_analytics else [SYS, EVENT, ANALYTICS]
+    kept = messages.where(~F.coalesce(node_kind(), F.lit(CLIENT)).isin(dropped))
+    return kept.withWatermark("event_time", spark_interval(options.watermark, 0))
 
 
 def topic_prefix(topic: Column, depth: int) -> Column:

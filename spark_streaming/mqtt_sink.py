@@ -1,9 +1,10 @@
 """The MQTT sink: analytics results written back into the log as MQTT messages.
 
 Each result row becomes one application message on ``<base>/<subtopic>`` (e.g.
-``analytics/traffic/sensors/kitchen``) whose payload is the row as a JSON object (timestamps as
-ISO-8601 UTC strings).  It is encoded exactly as a front-end encodes a PUBLISH (a ``Message`` from
-``router.record.wall_clock_stamps``, then ``router.record.encode``), keyed by its routing key and
+``analytics/traffic/sensors/kitchen``; ``<base>`` alone for a row without a subtopic) whose
+payload is the row as a JSON object (timestamps as ISO-8601 UTC strings).  It is encoded exactly
+as a front-end encodes a PUBLISH (a ``Message`` from ``router.record.wall_clock_stamps``, then
+``router.record.encode``), keyed by its routing key and
 written to the partition ``router.partitioner.Router`` picks, so every front-end delivers it to
 subscribers of a matching filter like any other message.  ``origin_node`` is
 ``ANALYTICS_ORIGIN``, which the jobs skip.
@@ -79,13 +80,13 @@ class MqttSink:
     def __init__(
         self,
         options: JobOptions,
-        subtopic: Callable[[Mapping[str, Any]], str],
+        subtopic: Callable[[Mapping[str, Any]], str | None],
         qos: int = 1,
     ) -> None:
         self.options = options
         self.subtopic = subtopic
         self.qos = qos
-        self.client_id = f"{ANALYTICS_ORIGIN}-{options.job}"
+        self.client_id = f"{ANALYTICS_ORIGIN}-{options.title}"
         self.checkpoint = str(options.checkpoint)
         self._stamps = wall_clock_stamps(ANALYTICS_ORIGIN)
         self._router: Router | None = None
@@ -106,7 +107,9 @@ class MqttSink:
 
     def message(self, row: Mapping[str, Any], batch_id: int) -> Message:
         """The MQTT message carrying ``row``, with an id that a re-run of the batch repeats."""
-        topic = f"{self.options.mqtt_base_topic}/{safe_level(self.subtopic(row))}"
+        level = self.subtopic(row)
+        base = self.options.mqtt_base_topic
+        topic = base if level is None else f"{base}/{safe_level(level)}"
         payload = json.dumps(row, sort_keys=True, separators=(",", ":")).encode()
         message = self._stamps.message(topic, payload, self.qos, False, self.client_id)
         seed = b"|".join(

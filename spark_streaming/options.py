@@ -1,5 +1,8 @@
 """What one analytics run is asked to do: job, log, windows, sink, checkpoint, trigger.
 
+A job is a built-in one (``spark_streaming.jobs``), ``sql`` (``query`` over the views of
+``spark_streaming.views``) or ``run`` (the ``job`` function of the Python file ``job_file``).
+
 ``JobOptions`` is plain data, built by ``spark_streaming.cli`` from the command line or directly by
 tests and benchmarks; ``validate`` checks the combinations a sink or job cannot honour before any
 Spark work starts.  Durations are Spark interval strings (``"1 minute"``, ``"30 seconds"``);
@@ -10,12 +13,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from router.partitioner import DEFAULT_ROUTING_DEPTH
 from router.topics import MESSAGES_TOPIC
 
-SINKS = ("console", "parquet", "mqtt", "memory", "noop")
-OUTPUT_MODES = ("append", "update")
+SINKS = ("console", "parquet", "mqtt", "kafka", "memory", "noop")
+OUTPUT_MODES = ("append", "update", "complete")
+USER_JOBS = ("sql", "run")
+"""The jobs whose transform the user writes: a SQL query, or a Python file."""
 DEFAULT_TOPIC = MESSAGES_TOPIC
 DEFAULT_TRIGGER = "processing-time=10 seconds"
 ANALYTICS_ORIGIN = "headwater-analytics"
@@ -105,6 +111,23 @@ class JobOptions:
     include_analytics: bool = False
     query_name: str | None = None
     shuffle_partitions: int = 4
+    query: str | None = None
+    """``sql``: the Spark SQL query."""
+    job_file: str | None = None
+    """``run``: the Python file defining ``job(views)``."""
+    payload_schema: str | None = None
+    """``sql``/``run``: a DDL string or a JSON Schema file; adds a parsed ``data`` column."""
+    include_node_records: bool = False
+    """``sql``/``run``: the ``messages`` view keeps the records nodes and jobs write."""
+    kafka_topic: str | None = None
+    """The ``kafka`` sink's topic."""
+
+    @property
+    def title(self) -> str:
+        """The job's name in topics and query names: the file's stem for ``run``."""
+        if self.job == "run" and self.job_file:
+            return re.sub(r"[^A-Za-z0-9_]", "_", Path(self.job_file).stem)
+        return self.job
 
     @property
     def window_seconds(self) -> int:
@@ -112,12 +135,12 @@ class JobOptions:
 
     @property
     def mqtt_base_topic(self) -> str:
-        return self.mqtt_topic or f"analytics/{self.job}"
+        return self.mqtt_topic or f"analytics/{self.title}"
 
     @property
     def name(self) -> str:
         """The streaming query's name (and the memory sink's table)."""
-        return self.query_name or f"headwater_{self.job}"
+        return self.query_name or f"headwater_{self.title}"
 
 
 def validate(options: JobOptions, append_only: bool) -> str:
@@ -138,17 +161,49 @@ def validate(options: JobOptions, append_only: bool) -> str:
         raise OptionsError(f"--distinct: expected exact or approx, got {options.distinct!r}")
     if options.sink == "parquet" and options.output is None:
         raise OptionsError("--sink parquet needs --output DIR")
-    if options.sink in ("parquet", "mqtt") and not options.checkpoint:
+    if options.sink in ("parquet", "mqtt", "kafka") and not options.checkpoint:
         raise OptionsError(
             f"--sink {options.sink} needs --checkpoint DIR (restarts continue there)"
         )
+    _validate_kafka_sink(options)
+    _validate_user_job(options)
     mode = options.output_mode or default_output_mode(options.sink, append_only)
     if mode not in OUTPUT_MODES:
-        raise OptionsError(f"--output-mode: expected append or update, got {mode!r}")
-    if mode == "update" and (append_only or options.sink == "parquet"):
+        raise OptionsError(
+            f"--output-mode: expected one of {', '.join(OUTPUT_MODES)}, got {mode!r}"
+        )
+    if mode != "append" and (append_only or options.sink == "parquet"):
         what = f"job {options.job}" if append_only else "the parquet sink"
-        raise OptionsError(f"--output-mode update: {what} writes final rows only (append)")
+        raise OptionsError(f"--output-mode {mode}: {what} writes final rows only (append)")
     return mode
+
+
+def _validate_kafka_sink(options: JobOptions) -> None:
+    if options.sink != "kafka":
+        return
+    if not options.kafka_topic:
+        raise OptionsError("--sink kafka needs --kafka-topic TOPIC")
+    if options.kafka_topic == options.topic:
+        raise OptionsError(
+            f"--kafka-topic: {options.kafka_topic!r} is the log itself; "
+            "use --sink mqtt to publish results into it"
+        )
+
+
+def _validate_user_job(options: JobOptions) -> None:
+    if options.job == "sql" and not (options.query or "").strip():
+        raise OptionsError(
+            "sql needs a QUERY, e.g. headwater analytics sql 'SELECT * FROM messages'"
+        )
+    if options.job == "run":
+        if not options.job_file:
+            raise OptionsError(
+                "run needs a FILE defining job(views), e.g. headwater analytics run my_job.py"
+            )
+        if not Path(options.job_file).is_file():
+            raise OptionsError(f"run: no such file: {options.job_file}")
+    if options.job not in USER_JOBS and (options.payload_schema or options.include_node_records):
+        raise OptionsError("--payload-schema and --include-node-records are options of sql and run")
 
 
 def default_output_mode(sink: str, append_only: bool) -> str:

@@ -1,5 +1,9 @@
 """One analytics run: read the log, apply a job's transform, write to a sink, report progress.
 
+The job is a built-in one (``spark_streaming.jobs``: ``transform`` of the decoded messages) or
+a user's (``spark_streaming.userjobs``: a SQL query or a Python file over the views); either way
+its result goes through the same sink and trigger plumbing (``spark_streaming.sinks``).
+
 ``run`` blocks until the query ends: at once when the log is drained (``available-now``), or on
 Ctrl-C (a processing-time trigger), stopping the query cleanly so the checkpoint holds
 every completed batch.  A listener prints one line per batch to stderr and adds up the records
@@ -14,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -22,8 +27,11 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from spark_streaming import sinks
 from spark_streaming.jobs import JOBS
-from spark_streaming.options import JobOptions, validate
+from spark_streaming.options import USER_JOBS, JobOptions, validate
 from spark_streaming.source import OBSERVATION, build_session, read_messages
+from spark_streaming.userjobs import FileJob, SqlJob, user_job
+
+Job = ModuleType | SqlJob | FileJob
 
 
 @dataclass(slots=True)
@@ -89,13 +97,20 @@ class _Progress(StreamingQueryListener):
             self.finished.set()
 
 
-def start_job(
-    spark: SparkSession, options: JobOptions
-) -> tuple[StreamingQuery, Callable[[], None]]:
-    """Start the streaming query of ``options.job`` on ``spark``; also return what releases
-    the sink's resources once the query has ended."""
-    job = JOBS[options.job]
-    mode = validate(options, job.APPEND_ONLY)
+def job_of(options: JobOptions) -> Job:
+    """The job ``options.job`` names: a built-in job's module, or the user's job."""
+    if options.job in USER_JOBS:
+        return user_job(options)
+    job = JOBS.get(options.job)
+    if job is None:
+        raise KeyError(f"no analytics job {options.job!r} (jobs: {', '.join(JOBS)})")
+    return job
+
+
+def result_of(spark: SparkSession, options: JobOptions, job: Job) -> Any:
+    """The streaming DataFrame ``job`` computes from the log."""
+    if isinstance(job, SqlJob | FileJob):
+        return job.result(spark, options)
     messages = read_messages(
         spark,
         options.bootstrap,
@@ -104,25 +119,34 @@ def start_job(
         streaming=True,
         max_offsets_per_trigger=options.max_offsets_per_trigger,
     )
-    return sinks.start(job.transform(messages, options), options, mode, job)
+    return job.transform(messages, options)
+
+
+def start_job(
+    spark: SparkSession, options: JobOptions, job: Job | None = None
+) -> tuple[StreamingQuery, Callable[[], None]]:
+    """Start the streaming query of ``options.job`` on ``spark``; also return what releases
+    the sink's resources once the query has ended."""
+    job = job if job is not None else job_of(options)
+    mode = validate(options, job.APPEND_ONLY)
+    result = result_of(spark, options, job)
+    return sinks.start(result, options, mode, job.mqtt_subtopic)
 
 
 def run(options: JobOptions, spark: SparkSession | None = None, quiet: bool = False) -> RunSummary:
     """Run ``options.job`` until the log is drained (available-now) or until interrupted."""
-    job = JOBS.get(options.job)
-    if job is None:
-        raise KeyError(f"no analytics job {options.job!r} (jobs: {', '.join(JOBS)})")
+    job = job_of(options)
     validate(options, job.APPEND_ONLY)
     if spark is None:
         spark = build_session(
-            f"headwater-{options.job}", options.master, options.shuffle_partitions
+            f"headwater-{options.title}", options.master, options.shuffle_partitions
         )
     summary = RunSummary()
     listener = _Progress(summary, options.name, quiet)
     spark.streams.addListener(listener)
     began = time.monotonic()
     try:
-        query, release_sink = start_job(spark, options)
+        query, release_sink = start_job(spark, options, job)
         listener.query_id = str(query.id)
         try:
             query.awaitTermination()

@@ -16,6 +16,11 @@ are dropped, and counted as the observed metric ``headwater_records`` (``records
 ``undecodable``), which every streaming progress report carries.
 
 The event time of a message is its ``timestamp``: when the front-end received the PUBLISH.
+
+``record_kind`` tells who wrote a record (``router.record.KINDS``): its ``headwater.kind`` header
+when the records were read with their headers, else what the value shows (``$SYS/...`` topics are
+node reports, ``$events/...`` client events, ``origin_node`` ``headwater-analytics`` results of
+the MQTT sink; records older than the headers have only the value).
 """
 
 from __future__ import annotations
@@ -28,11 +33,26 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
-from router.record import HEADER, HEADER_SIZE, SCHEMA_TEXT
+from router.record import (
+    ANALYTICS,
+    CLIENT,
+    EVENT,
+    HEADER,
+    HEADER_SIZE,
+    KIND_HEADER,
+    RETAINED_CLEAR,
+    SCHEMA_TEXT,
+    SYS,
+)
+from spark_streaming.options import ANALYTICS_ORIGIN
 from spark_streaming.settings import cache_root
 
 OBSERVATION = "headwater_records"
 """Name of the observed metric carrying the per-batch record, bad-header and undecodable counts."""
+NODE_KINDS = (SYS, EVENT, ANALYTICS)
+"""Records no client published: nodes' reports and client events, and the jobs' own results."""
+SYS_PREFIX = "$SYS/"
+EVENTS_PREFIX = "$events/"
 
 MESSAGE_COLUMNS = (
     "message_id",
@@ -136,17 +156,19 @@ def read_kafka(
     starting_offsets: str = "earliest",
     streaming: bool = True,
     max_offsets_per_trigger: int | None = None,
+    headers: bool = False,
 ) -> DataFrame:
-    """The raw Kafka records of ``topic`` (key, value, partition, offset, ...), committed ones
-    only: the inbound relay writes into the log in transactions (``router.relays``), and Kafka's
-    Java consumer, which Spark uses, reads uncommitted records unless told otherwise, so an
-    aborted copy would be counted too."""
+    """The raw Kafka records of ``topic`` (key, value, partition, offset, ...; ``headers`` too
+    if asked), committed ones only: the inbound relay writes into the log in transactions
+    (``router.relays``), and Kafka's Java consumer, which Spark uses, reads uncommitted records
+    unless told otherwise, so an aborted copy would be counted too."""
     options: dict[str, Any] = {
         "kafka.bootstrap.servers": bootstrap,
         "kafka.isolation.level": "read_committed",
         "subscribe": topic,
         "startingOffsets": starting_offsets,
         "failOnDataLoss": "false",
+        "includeHeaders": str(headers).lower(),
     }
     if streaming:
         if max_offsets_per_trigger:
@@ -164,12 +186,12 @@ def decode_records(raw: DataFrame) -> DataFrame:
     """Headwater messages from raw records (a ``value`` column), dropping and counting the rest.
 
     Output columns: those of the Avro record (``timestamp`` is a Spark timestamp), plus
-    ``event_time`` (= ``timestamp``) and the record's Kafka ``partition`` and ``offset`` when the
-    input has them.
+    ``event_time`` (= ``timestamp``) and the record's Kafka ``partition``, ``offset`` and
+    ``headers`` when the input has them.
     """
     datum = F.expr(f"substring(value, {HEADER_SIZE + 1}, length(value) - {HEADER_SIZE})")
     good = header_ok(F.col("value"))
-    place = [c for c in ("partition", "offset") if c in raw.columns]
+    place = [c for c in ("partition", "offset", "headers") if c in raw.columns]
     decoded = raw.select(
         *place,
         good.alias("_header_ok"),
@@ -197,7 +219,34 @@ def read_messages(
     starting_offsets: str = "earliest",
     streaming: bool = True,
     max_offsets_per_trigger: int | None = None,
+    headers: bool = False,
 ) -> DataFrame:
     """The decoded messages of Headwater's log topic ``topic`` (see ``decode_records``)."""
-    raw = read_kafka(spark, bootstrap, topic, starting_offsets, streaming, max_offsets_per_trigger)
+    raw = read_kafka(
+        spark, bootstrap, topic, starting_offsets, streaming, max_offsets_per_trigger, headers
+    )
     return decode_records(raw)
+
+
+def node_kind() -> Column:
+    """The kind of a record no client published, from its value alone (``topic``,
+    ``origin_node``): ``sys``, ``event`` or ``analytics``; null for any other record."""
+    return (
+        F.when(F.col("origin_node") == F.lit(ANALYTICS_ORIGIN), F.lit(ANALYTICS))
+        .when(F.col("topic").startswith(SYS_PREFIX), F.lit(SYS))
+        .when(F.col("topic").startswith(EVENTS_PREFIX), F.lit(EVENT))
+    )
+
+
+def record_kind(messages: DataFrame) -> Column:
+    """The ``headwater.kind`` of each decoded message: the header where ``messages`` has the
+    records' ``headers`` and the record carries it, else as far as the value tells."""
+    by_value = F.coalesce(
+        node_kind(),
+        F.when(F.col("retain") & (F.length("payload") == 0), F.lit(RETAINED_CLEAR)),
+        F.lit(CLIENT),
+    )
+    if "headers" not in messages.columns:
+        return by_value
+    header = F.expr(f"get(filter(headers, h -> h.key = '{KIND_HEADER}'), 0).value")
+    return F.coalesce(header.cast("string"), by_value)

@@ -132,6 +132,19 @@ def test_traffic_approximate_publishers_and_analytics_excluded(spark: SparkSessi
     assert included is not None and (included["messages"], included["publishers"]) == (41, 41)
 
 
+def test_traffic_leaves_out_the_nodes_sys_reports_and_client_events(spark: SparkSession) -> None:
+    df = messages(
+        spark,
+        [
+            ("plant/a/temp", 4, 1, "dev1", 1),
+            ("$SYS/brokers/node1/uptime", 2, 0, "", 2),
+            ("$events/connected", 90, 0, "dev1", 3),
+        ],
+    )
+    rows = collect(traffic.transform(df, options("traffic")))
+    assert [(r["prefix"], r["messages"]) for r in rows] == [("plant/a", 1)]
+
+
 # -- top publishers -------------------------------------------------------------------------
 
 
