@@ -1,12 +1,17 @@
 """The cluster as a node sees it: liveness, the takeover inbox [MQTT-3.1.4-2], the sweep of dead
 nodes, and the reaping of expired sessions.
 
+This module carries messages; it decides nothing about a session's life.  Requests, news of a
+session taken by force and orphaned wills are handed to the session manager (callables given at
+construction, ``frontend.sessions.manager``), which decides and takes every step.
+
 A node that finds a session "busy" (owned by a live connection elsewhere) publishes the client
 id on the owner's inbox channel.  The owner closes that connection as a server-side close (the
 will is published: the client did not send DISCONNECT), stores the session and lets go; the
-asking node polls until it can acquire.  If the owner does not let go within ``FORCE_AFTER``
-seconds (it is partitioned away or stuck), the session is taken by force: the fencing token moves
-on, so whatever the old owner writes later is refused, and the taker tells the old owner's inbox
+asking node polls until it can acquire.  If the owner does not let go within
+``frontend.sessions.manager.FORCE_AFTER`` seconds (it is partitioned away or stuck), the session
+is taken by force: the fencing token moves on, so whatever the old owner writes later is
+refused, and the taker tells the old owner's inbox
 (a NUL, the new token, a NUL, the client id: MQTT strings hold no NUL [MQTT-1.5.3-2]), so that
 when it runs again it closes a connection holding an older lease without the will, which the
 taker published.  An idle session is never saved again, so a refused save would not tell it.
@@ -25,7 +30,8 @@ once its heartbeats have held for ``ALIVE_SECONDS``.
 
 Expiry: Redis publishes an event when it expires a session's marker key (``notify-keyspace-events
 Ex``, which the node sets at start where the server allows it); every node listens and runs
-``RedisSessionStore.reap``, whose script lets exactly one of them remove the session and count it.
+``RedisSessionStore.reap``, whose script lets exactly one of them remove the session and count it;
+that node tells the session manager's events (``session_expired``).
 
 Redis Cluster: PUBLISH reaches subscribers on every node of a cluster, so the inbox is one
 subscription wherever it lands; keyspace events stay on the master that holds the key, so the
@@ -49,7 +55,6 @@ from frontend.sessions.redis import ALIVE_SECONDS, RedisClient, RedisSessionStor
 
 log = logging.getLogger("headwater.cluster")
 
-FORCE_AFTER = 1.5
 HEARTBEAT_SECONDS = 1.0
 SWEEP_SECONDS = 2.0
 NOTIFY = "notify-keyspace-events"
@@ -65,11 +70,14 @@ class Coordinator:
         on_request: Callable[[str], None],
         on_wills: Callable[[list[bytes]], None],
         on_taken: Callable[[str, int], None],
+        on_expired: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.store = store
         self.node_id = node_id
         self._on_request = on_request
         self._on_taken = on_taken
+        self._on_expired = on_expired
+        """Told the client id of each session this node reaped (its ``session_expired``)."""
         self._on_wills = on_wills
         self._reachable_since: float | None = None
         """When this node's heartbeats began to reach Redis without a miss (the loop's clock)."""
@@ -182,8 +190,8 @@ class Coordinator:
         while True:
             try:
                 event = await self._expiries.get_message(timeout=1)
-                if event is not None:
-                    await self.store.reap(event.key)
+                if event is not None and (client_id := await self.store.reap(event.key)):
+                    self._on_expired(client_id)
             except Exception as exc:
                 log.warning("reaping expired sessions: %s", exc)
                 await asyncio.sleep(1)

@@ -2,12 +2,15 @@
 
 An ``asyncio.Protocol`` on the hot path.  ``data_received`` decodes and hands packets to the
 channel strictly in order; when an action needs I/O the connection cannot do synchronously
-(opening a session, registering subscriptions) it sets ``_busy`` and runs one task, holding later
-packets back until it is done: packets of one connection are never handled concurrently, and there
-is never a task per packet.
+(a login and the session it opens, registering subscriptions) it sets ``_busy`` and runs one
+task, holding later packets back until it is done: packets of one connection are never handled
+concurrently, and there is never a task per packet.
 
-The connection is handed what it uses at construction (:class:`Services`): the session manager,
-the dispatcher, the log (through ``frontend.publishing``), authentication.
+The connection decides nothing: the channel decides every protocol outcome (the login's CONNACK,
+timeouts, how a takeover closes), the session manager every step of the session's life
+(``frontend.sessions``: it is told as the connection closes, ``SessionManager.end``).  It is
+handed what it uses at construction (:class:`Services`): the session manager, the log (through
+``frontend.publishing``), authentication.
 Kafka and Redis failures become wire behaviour in ``frontend.outages`` only.
 
 Writes are coalesced: everything a connection is sent during one step goes out in one ``write``,
@@ -30,7 +33,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from frontend import outages
+from frontend import events, outages
 from frontend.auth import Auth, Credentials, Login
 from frontend.buffers import Budget
 from frontend.deadlines import Deadlines
@@ -40,10 +43,9 @@ from frontend.sessions.manager import NotOwnerError, Owned, SessionManager
 from mqttcore import channel as ch
 from mqttcore.codec import ConnectBounds, Decoder, Wire
 from mqttcore.errors import ProtocolError
-from mqttcore.message import MessageStamps
-from mqttcore.packets import ConnackCode, Connect, Packet
+from mqttcore.message import Message, MessageStamps
+from mqttcore.packets import Connect, Packet
 from mqttcore.session import Outbound
-from router.dispatch import Dispatcher
 
 log = logging.getLogger("headwater.connection")
 
@@ -163,7 +165,6 @@ class Services:
     auth: Auth
     log: Log
     sessions: SessionManager
-    dispatcher: Dispatcher
     deadlines: Deadlines = field(default_factory=Deadlines)
     connections: set[MqttConnection] = field(default_factory=set)
     protocol_errors: int = 0
@@ -314,7 +315,7 @@ class MqttConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"socket error: {exc}" if exc else "connection closed by the client"
-        self.run(self.channel.connection_lost(reason))
+        self.run(self.channel.connection_lost(reason), events.CONNECTION_LOST)
         self._closed = True
         self.services.deadlines.forget(self)
         self.services.connections.discard(self)
@@ -322,7 +323,7 @@ class MqttConnection(asyncio.Protocol):
         buffers.change(-self._input.buffered())
         buffers.waiting.discard(self)
         self._output.release()
-        self._let_go()
+        self._let_go(None)
 
     def pause_writing(self) -> None:
         self._output.paused = True
@@ -334,21 +335,13 @@ class MqttConnection(asyncio.Protocol):
                 self._output.write(data)
 
     def due(self) -> float | None:
-        """The CONNECT deadline, then 1.5 x keep-alive after the client was last heard from
-        [MQTT-3.1.2-24] (none with a keep-alive of 0)."""
-        channel = self.channel
-        if channel.state is ch.State.CONNECTING:
-            return self._input.opened + self.services.connect_timeout
-        if channel.state is ch.State.CONNECTED and channel.keep_alive > 0:
-            return self._input.last_seen + channel.keep_alive * 1.5
-        return None
+        """When the channel says this connection times out (the loop's clock)."""
+        inputs = self._input
+        return self.channel.due(inputs.opened, inputs.last_seen, self.services.connect_timeout)
 
     def expire(self) -> None:
-        if self.channel.state is ch.State.CONNECTING:
-            self.services.connect_timeouts += 1
-            self.run(self.channel.connection_lost("no CONNECT in time"))
-        elif self.channel.state is ch.State.CONNECTED:
-            self.run(self.channel.keep_alive_expired())
+        self.services.connect_timeouts += self.channel.state is ch.State.CONNECTING
+        self.run(self.channel.timed_out(), events.KEEP_ALIVE_TIMEOUT)
 
     def address(self) -> tuple[str, int] | None:
         """The client's address: as the load balancer saw it, or the socket's peer."""
@@ -371,23 +364,20 @@ class MqttConnection(asyncio.Protocol):
         if data is not None:
             self._output.write(data)
 
-    def may_read(self, topic: str) -> bool:
-        """The read rules' answer now (asked before a shared message is handed over)."""
-        return self.channel.permissions.may_read(topic)
-
     def takeover(self) -> None:
-        log.info("client %s: session taken over by a new connection", self.channel.client_id)
-        self.run(self.channel.connection_lost("session taken over [MQTT-3.1.4-2]"))
+        self.run(self.channel.taken_over(), events.TAKEN_OVER)
 
     def lose_session(self) -> None:
-        self.channel.take_will()  # the node that took the session published it
-        self.takeover()
+        self.run(self.channel.session_lost(), events.TAKEN_OVER)
 
     def stream_failed(self, error: BaseException) -> None:
         self.run(outages.catch_up_failed(self.channel, error))
 
-    def shutdown(self, reason: str = "server shutting down") -> None:
-        self.run(self.channel.connection_lost(reason))
+    def shutdown(
+        self, reason: str = "server shutting down", cause: str = events.NODE_DRAIN
+    ) -> None:
+        """Close as the node decided, for ``cause`` (``frontend.events.REASONS``)."""
+        self.run(self.channel.connection_lost(reason), cause)
 
     # -- packets in ---------------------------------------------------------------------------
 
@@ -406,7 +396,7 @@ class MqttConnection(asyncio.Protocol):
                 except ProtocolError as error:
                     self._fail(error)
                     return
-                self.run(actions)
+                self.run(actions, events.CLIENT_DISCONNECT)  # its only Close: DISCONNECT's
         finally:
             del held[:done]
             if not held:
@@ -422,9 +412,11 @@ class MqttConnection(asyncio.Protocol):
             return
         log.warning("client %s: %s", _who(self), error)
         self.services.protocol_errors += 1
-        self.run(self.channel.handle_error(error))
+        self.run(self.channel.handle_error(error), events.PROTOCOL_ERROR)
 
-    def run(self, actions: list[ch.Action]) -> None:
+    def run(self, actions: list[ch.Action], cause: str = events.CONNECTION_LOST) -> None:
+        """Carry out the channel's ``actions``; a Close among them is for ``cause`` (why, in the
+        words of ``frontend.events.REASONS``: the connection knows what it asked the channel)."""
         for action in actions:
             if isinstance(action, ch.Send):
                 self._output.write(action.data)
@@ -434,24 +426,31 @@ class MqttConnection(asyncio.Protocol):
                 if publishing.blocked:
                     self.update_reading()
             elif isinstance(action, ch.Close):
-                self._close(action)
-            elif isinstance(action, ch.OpenSession):
-                self._start(self._open_session(action))
+                self._close(action, cause)
+            elif isinstance(action, ch.Authenticate):
+                self._start(self._authenticate(action))
             elif isinstance(action, ch.AddSubscriptions):
                 self._start(self._subscribe(action))
             elif isinstance(action, ch.RemoveSubscriptions):
-                assert self.channel.session is not None and self.owned is not None
-                self.services.dispatcher.unsubscribe(self.channel.session, action.filters)
-                work = self.services.sessions.save(self.owned)
-                outages.in_background(work, self.channel.client_id, "saving the session")
-            elif isinstance(action, ch.ForgetQos2) and self.owned and self.owned.persistent:
-                work = self.services.sessions.unmark_received(self.owned, action.packet_id)
-                outages.in_background(work, self.channel.client_id, "forgetting a QoS 2 id")
+                assert self.owned is not None
+                self.services.sessions.unsubscribe(self.owned, action.filters)
+            elif isinstance(action, ch.ForgetQos2) and self.owned is not None:
+                self.services.sessions.forget_qos2(self.owned, action.packet_id)
 
     def _publisher(self) -> Publishing:
         if self.publishing is None:
-            self.publishing = Publishing(self, self.services)
+            assert self.owned is not None  # a PUBLISH is handled only once connected
+            self.publishing = Publishing(
+                self.channel, self.owned, self.run, self._acknowledged, self.services
+            )
         return self.publishing
+
+    def _acknowledged(self, deferred: list[Outbound]) -> None:
+        """An acknowledgement went out (or the log has room again): the client's own messages
+        held back meanwhile go now, and reading may resume."""
+        for out in deferred:
+            self.deliver(out)
+        self.update_reading()
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
         self._busy = True
@@ -486,39 +485,44 @@ class MqttConnection(asyncio.Protocol):
 
     # -- CONNECT and SUBSCRIBE ------------------------------------------------------------------
 
-    async def _open_session(self, action: ch.OpenSession) -> None:
-        services, connect = self.services, action.connect
-        login = await _login(self, connect, action.client_id)
-        if login.access is None:
-            self.run(self.channel.session_refused(login.code, login.reason))
-            return
+    async def _authenticate(self, action: ch.Authenticate) -> None:
+        login = await _login(self, action.connect, action.client_id)
         if login.proof is not None:  # a password a reload may take away (nothing else to keep)
             self.login = login
+        answer = self.channel.logged_in(login.access, login.code, login.reason, login.identity)
+        for step in answer:
+            if isinstance(step, ch.OpenSession):  # in this task: later packets still wait
+                await self._open_session(step)
+            else:
+                self.run([step])
+
+    async def _open_session(self, action: ch.OpenSession) -> None:
+        services, connect = self.services, action.connect
         if not services.log.available:
             self.run(outages.kafka_unavailable_at_connect(self.channel))
             return
         try:
             opened = await services.sessions.open(
-                action.client_id, connect, self, lambda: self._closed, login.identity
+                action.client_id, connect, self, lambda: self._closed, action.identity
             )
         except outages.STORE_ERRORS as exc:
             self.run(outages.store_failed_at_connect(self.channel, exc))
             return
         except NotOwnerError as refused:  # logged once, with the address, as it closes
-            self.run(self.channel.session_refused(ConnackCode.NOT_AUTHORIZED, str(refused)))
+            self.run(self.channel.session_not_owned(str(refused)))
             return
         if opened is None:
             return
-        self.owned, present = opened
-        self.run(self.channel.session_opened(self.owned.session, present, login.access))
+        self.owned = opened.owned
+        self.run(self.channel.session_opened(opened.owned.session, opened.present))
         services.deadlines.watch(self)  # the keep-alive from now on
+        services.sessions.serve(opened)  # after the CONNACK
 
     async def _subscribe(self, action: ch.AddSubscriptions) -> None:
         owned = self.owned  # kept while the connection closes meanwhile: its session is stored
         assert owned is not None
         sessions = self.services.sessions
-        shares = self.services.dispatcher.shares  # beyond its bounds: 0x80 (router.shared)
-        action = action.refusing(shares.admit(owned.session, action.granted))
+        action = action.refusing(sessions.admit(owned, action.granted))  # 0x80 beyond bounds
         try:
             starts, new = await sessions.subscribe(owned, action.granted)
         except outages.STORE_ERRORS as exc:
@@ -536,27 +540,23 @@ class MqttConnection(asyncio.Protocol):
 
     # -- packets out --------------------------------------------------------------------------
 
-    def _close(self, action: ch.Close) -> None:
-        if action.publish_will:
-            will = self.channel.take_will()
-            if will is not None:
-                self.services.sessions.wills.publish(will)
+    def _close(self, action: ch.Close, cause: str) -> None:
+        will = self.channel.take_will() if action.publish_will else None
         log.info("client %s closed: %s", _who(self), action.reason)
         self._output.flush()
         self._closed = True
         if self.transport is not None:
             self.transport.close()
-        self._let_go()
+        self._let_go(will, cause)
 
-    def _let_go(self) -> None:
-        """Hand the session back as the connection closes, not a loop turn later when the
-        transport reports it: whoever closed it (a takeover) finds it released."""
+    def _let_go(self, will: Message | None, cause: str = events.CONNECTION_LOST) -> None:
+        """Hand the session back as the connection closes, with the will to publish, not a loop
+        turn later when the transport reports it: whoever closed it (a takeover) finds it
+        released.  A will is the channel's only once connected, so only with a session."""
         owned, self.owned = self.owned, None
         if owned is not None:
             deferred = self.publishing.take_deferred() if self.publishing else []
-            for out in deferred:  # kept for the stored session
-                owned.session.deliver(out, online=False)
-            self.services.sessions.release(owned)
+            self.services.sessions.end(owned, will, deferred, cause)
 
 
 __all__ = ["MqttConnection", "Services"]

@@ -48,31 +48,30 @@ class Wiring(Protocol):
     def traffic(self) -> Traffic: ...
 
 
-class Connection(Protocol):
-    """The connection whose PUBLISHes these are."""
-
-    channel: ch.Channel
-    owned: Owned | None
-
-    def run(self, actions: list[ch.Action]) -> None:
-        """Carry out the channel's actions."""
-
-    def deliver(self, out: Outbound) -> None:
-        """Send (or queue) a message for the client."""
-
-    def update_reading(self) -> None:
-        """Read from the socket again if nothing holds it back any more."""
+Run = Callable[[list[ch.Action]], None]
+"""Carry out the channel's actions (the connection's ``run``)."""
+Resume = Callable[[list[Outbound]], None]
+"""An acknowledgement went out, or the producer has room again: deliver these messages held
+back meanwhile (the client's own), and read from the socket again if nothing else holds it."""
 
 
 class Publishing:
-    """The PUBLISHes of one connection between the channel and the log."""
+    """The PUBLISHes of one connection between the channel and the log: made with the
+    connection's channel, its session and two callables, never the connection itself."""
 
     __slots__ = (
-        "_own_deferred", "_qos2_ids", "blocked", "connection", "log", "received", "sessions",
+        "_own_deferred", "_qos2_ids", "_resume", "_run", "blocked", "channel", "log", "owned",
+        "received", "sessions",
     )  # fmt: skip
 
-    def __init__(self, connection: Connection, wiring: Wiring) -> None:
-        self.connection = connection
+    def __init__(
+        self, channel: ch.Channel, owned: Owned, run: Run, resume: Resume, wiring: Wiring
+    ) -> None:
+        self.channel = channel
+        self.owned = owned
+        """The session the PUBLISHes are made in (closed once the connection let it go)."""
+        self._run = run
+        self._resume = resume
         self.log = wiring.log
         self.sessions = wiring.sessions
         self.received = wiring.traffic.received
@@ -81,14 +80,6 @@ class Publishing:
         """PUBLISHes held back, in order, while the producer queue is full."""
         self._qos2_ids: dict[int, int] = {}
         self._own_deferred: list[Outbound] = []
-
-    @property
-    def channel(self) -> ch.Channel:
-        return self.connection.channel
-
-    @property
-    def owned(self) -> Owned | None:
-        return self.connection.owned
 
     def produce(self, action: ch.Produce) -> None:
         """A PUBLISH the channel accepted: to the log now, or behind those held back."""
@@ -112,7 +103,7 @@ class Publishing:
         try:
             written = self.log.produce(message, callback)
         except outages.LOG_ERRORS as exc:
-            self.connection.run(outages.publish_refused(self.channel, message.topic, exc))
+            self._run(outages.publish_refused(self.channel, message.topic, exc))
             return
         if not written:
             self.blocked.append(action)
@@ -125,7 +116,7 @@ class Publishing:
                 self.blocked.extend(blocked[i:])
                 break
             self._produce(action)
-        self.connection.update_reading()
+        self._resume([])
 
     def defer_own(self, out: Outbound) -> bool:
         """Hold back a message of this client's own still awaiting its acknowledgement."""
@@ -144,11 +135,9 @@ class Publishing:
         self, ticket: int | None, message: Message, partition: int, offset: int, error: str | None
     ) -> None:
         if error is not None:
-            self.connection.run(
-                outages.publish_lost(self.channel, message.topic, error, ticket is not None)
-            )
+            self._run(outages.publish_lost(self.channel, message.topic, error, ticket is not None))
             return
-        persistent = self.owned is not None and self.owned.persistent
+        persistent = self.owned.persistent and not self.owned.closed
         if message.retain or (message.qos == 2 and persistent):
             work = self._store_then_acknowledge(ticket, message, partition, offset)
             outages.in_background(work, self.channel.client_id, "storing before acknowledging")
@@ -164,17 +153,15 @@ class Publishing:
             if message.retain:
                 await self.sessions.retained.apply(message, partition, offset)
             packet_id = self._qos2_ids.pop(ticket, None) if ticket is not None else None
-            if packet_id is not None and self.owned is not None:
+            if packet_id is not None and not self.owned.closed:
                 await self.sessions.mark_received(self.owned, packet_id)
         except outages.STORE_ERRORS as exc:
-            self.connection.run(outages.publish_not_stored(self.channel, message.topic, exc))
+            self._run(outages.publish_not_stored(self.channel, message.topic, exc))
             return
         if ticket is not None:
             self._acknowledge(ticket)
 
     def _acknowledge(self, ticket: int) -> None:
         self._qos2_ids.pop(ticket, None)
-        self.connection.run(self.channel.produced(ticket))
-        for out in self.take_deferred():
-            self.connection.deliver(out)
-        self.connection.update_reading()
+        self._run(self.channel.produced(ticket))
+        self._resume(self.take_deferred())

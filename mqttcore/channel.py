@@ -2,6 +2,7 @@
 
 The connection feeds decoded packets to :meth:`Channel.handle_in` and carries out the actions it
 returns, in order.  Some actions need I/O whose outcome comes back as a call:
+:class:`Authenticate` -> :meth:`Channel.logged_in` (which decides the login's CONNACK),
 :class:`OpenSession` -> :meth:`Channel.session_opened`,
 :class:`Produce` -> :meth:`Channel.produced`,
 :class:`AddSubscriptions` -> :meth:`Channel.subscribed`.  The connection hands the channel no
@@ -12,7 +13,8 @@ States and the packets allowed in each (anything else is a :class:`ProtocolError
 
 =========== ===================================================================================
 CONNECTING  CONNECT only [MQTT-3.1.0-1]
-OPENING     nothing (the connection holds packets back while the session is opened)
+OPENING     nothing (the connection holds packets back while the client is authenticated and
+            its session opened)
 CONNECTED   PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, SUBSCRIBE, UNSUBSCRIBE, PINGREQ, DISCONNECT;
             a second CONNECT is a violation [MQTT-3.1.0-2]
 CLOSED      nothing is processed
@@ -22,10 +24,16 @@ Replies that depend on the log (PUBACK, PUBREC) are sent only once the write is 
 the order the PUBLISH packets arrived [MQTT-4.6.0-2, MQTT-4.6.0-3], whatever order Kafka confirms
 them in.  One place, :meth:`Channel.handle_error`, decides the wire reaction to an error.
 
-What a client may do is asked of its :class:`Permissions` (``frontend.auth``), given with the
-session: a SUBSCRIBE filter it may not read gets 0x80 while the others in the packet are granted;
+What a client may do is asked of its :class:`Permissions` (``frontend.auth``), given by the
+login: a SUBSCRIBE filter it may not read gets 0x80 while the others in the packet are granted;
 a PUBLISH it may not make is acknowledged as usual and never written (Mosquitto's behaviour for
-MQTT 3.1.1, which has no way to say "denied").
+MQTT 3.1.1, which has no way to say "denied"); a message it may no longer read is not sent
+(the session asks the same permissions as the bytes are made, ``mqttcore.session``).
+
+The channel also decides how a connection ends when the node, not the client, ends it: a
+takeover by a new connection (:meth:`Channel.taken_over`, the will is published), the session
+taken by force elsewhere (:meth:`Channel.session_lost`, it is not: the taker published it), and
+a deadline passed (:meth:`Channel.due`, :meth:`Channel.timed_out`).
 """
 
 from __future__ import annotations
@@ -94,11 +102,21 @@ class Close:
 
 
 @dataclass(slots=True)
-class OpenSession:
-    """Authenticate and open (or resume) the session; answer with ``session_opened``."""
+class Authenticate:
+    """Ask who the client is and what it may do; answer with ``logged_in``."""
 
     connect: Connect
     client_id: str
+
+
+@dataclass(slots=True)
+class OpenSession:
+    """Open (or resume) the authenticated client's session; answer with ``session_opened``."""
+
+    connect: Connect
+    client_id: str
+    identity: str = ""
+    """Who the login proved the client is: a stored session of another identity is not its."""
 
 
 @dataclass(slots=True)
@@ -151,7 +169,10 @@ class ForgetQos2:
     packet_id: int
 
 
-Action = Send | Close | OpenSession | Produce | AddSubscriptions | RemoveSubscriptions | ForgetQos2
+Action = (
+    Send | Close | Authenticate | OpenSession | Produce | AddSubscriptions | RemoveSubscriptions
+    | ForgetQos2
+)  # fmt: skip
 
 PINGRESP = encode(Pingresp())
 
@@ -228,6 +249,7 @@ class Channel:
     """The protocol state of one client connection."""
 
     __slots__ = (
+        "_logged_in",
         "_next_ticket",
         "_replies",
         "_tickets",
@@ -256,6 +278,7 @@ class Channel:
         """Made at the first PUBLISH: an empty deque takes 760 bytes."""
         self._tickets: dict[int, _PendingReply] = {}
         self._next_ticket = 0
+        self._logged_in = False
 
     # -- input --------------------------------------------------------------------------------
 
@@ -299,6 +322,36 @@ class Channel:
         """Nothing received for 1.5 x keep-alive [MQTT-3.1.2-24]."""
         return self.connection_lost(f"keep-alive of {self.keep_alive}s expired")
 
+    def due(self, opened: float, last_seen: float, connect_timeout: float) -> float | None:
+        """When the connection times out, on the caller's clock: ``connect_timeout`` after it
+        was ``opened`` while no CONNECT came, 1.5 x keep-alive after the client was
+        ``last_seen`` once connected [MQTT-3.1.2-24] (never with a keep-alive of 0, nor while
+        the session is being opened)."""
+        if self.state is State.CONNECTING:
+            return opened + connect_timeout
+        if self.state is State.CONNECTED and self.keep_alive > 0:
+            return last_seen + self.keep_alive * 1.5
+        return None
+
+    def timed_out(self) -> list[Action]:
+        """The time :meth:`due` gave has passed: no CONNECT in time, or the keep-alive."""
+        if self.state is State.CONNECTING:
+            return self.connection_lost("no CONNECT in time")
+        if self.state is State.CONNECTED:
+            return self.keep_alive_expired()
+        return []
+
+    def taken_over(self) -> list[Action]:
+        """A new connection takes this client id's session [MQTT-3.1.4-2]: close, publishing
+        the will (this client did not send DISCONNECT)."""
+        return self.connection_lost("session taken over [MQTT-3.1.4-2]")
+
+    def session_lost(self) -> list[Action]:
+        """Another node took the session by force (this one did not answer in time): close
+        without the will, which the node that took the session published."""
+        self._will = None
+        return self.connection_lost("session taken by force by another node [MQTT-3.1.4-2]")
+
     def take_will(self) -> Message | None:
         """The will message to publish now, at most once, if the client may still publish it
         (the rules of now: a SIGHUP may have taken its topic away since the CONNECT)."""
@@ -335,17 +388,39 @@ class Channel:
         self.client_id = client_id
         self.keep_alive = connect.keep_alive
         self.state = State.OPENING
-        return [OpenSession(connect, client_id)]
+        return [Authenticate(connect, client_id)]
+
+    def logged_in(
+        self,
+        permissions: Permissions | None,
+        code: int = ConnackCode.ACCEPTED,
+        reason: str = "",
+        identity: str = "",
+    ) -> list[Action]:
+        """The answer to :class:`Authenticate`: ``permissions`` None refuses the CONNECT with
+        CONNACK ``code`` (``frontend.auth`` says which and why) and closes [MQTT-3.2.2-5];
+        otherwise they hold from now on, and the session of ``identity`` is opened next."""
+        if self.state is not State.OPENING or self._logged_in or self.connect is None:
+            return []
+        if permissions is None:
+            refused = ConnackCode.NOT_AUTHORIZED if code == ConnackCode.ACCEPTED else code
+            return self.session_refused(refused, reason or "refused")
+        self._logged_in = True
+        self.permissions = permissions
+        return [OpenSession(self.connect, self.client_id, identity)]
 
     def session_opened(
-        self, session: Session, present: bool, permissions: Permissions = UNRESTRICTED
+        self, session: Session, present: bool, permissions: Permissions | None = None
     ) -> list[Action]:
-        """The session is ours: CONNACK 0, then whatever the resumed session owes the client."""
+        """The session is ours: CONNACK 0, then whatever the resumed session owes the client.
+        The permissions are the login's (``permissions`` replaces them: for tests)."""
         if self.state is not State.OPENING:
             return []
         assert self.connect is not None
+        if permissions is not None:
+            self.permissions = permissions
         self.session = session
-        self.permissions = session.permissions = permissions  # read rules asked at each send
+        session.permissions = self.permissions  # the read rules, asked at each send
         self._will, self.connect = self.connect.will, None  # what else it said is not kept
         self.state = State.CONNECTED
         connack = Send(encode(Connack(present, ConnackCode.ACCEPTED)))
@@ -357,6 +432,11 @@ class Channel:
             return []
         self._enter_closed()
         return [Send(encode(Connack(False, code))), Close(reason, publish_will=False)]
+
+    def session_not_owned(self, reason: str) -> list[Action]:
+        """The client id's session belongs to another identity: CONNACK 5, and the session is
+        left as it is (a client proves nothing it claims)."""
+        return self.session_refused(ConnackCode.NOT_AUTHORIZED, reason)
 
     # -- PUBLISH from the client ----------------------------------------------------------------
 

@@ -188,6 +188,11 @@ class Session:
         """Messages waiting, oldest first."""
         return self._queue or ()
 
+    def may_read(self, topic: str) -> bool:
+        """Whether the client may be sent a message of ``topic`` now: the read rules its
+        channel gave (asked again at each send, so a reload's rules hold at once)."""
+        return self.permissions.may_read(topic)
+
     def deliver(self, out: Outbound, online: bool, writable: bool = True) -> Wire | None:
         """Take a message for the client: the bytes to send now, or None (queued, or refused).
 

@@ -36,13 +36,6 @@ class Subscriber(Protocol):
     def deliver(self, out: Outbound) -> None:
         """Send (or queue) one message for the client."""
 
-    def may_read(self, topic: str) -> bool:
-        """Whether the client may be sent a message of ``topic`` now (the read ACL); asked
-        before a shared message is handed to it (``router.shared``)."""
-
-    def takeover(self) -> None:
-        """Another connection is taking this client id: close, publishing the will."""
-
     def stream_failed(self, error: BaseException) -> None:
         """What the client missed could not be read from the log: close, keeping the stored
         positions for the next connection."""

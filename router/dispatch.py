@@ -63,13 +63,6 @@ class Dispatcher:
 
     # -- clients ------------------------------------------------------------------------------
 
-    def take_over(self, client_id: str) -> None:
-        """Close the live connection of ``client_id``, if any [MQTT-3.1.4-2]: its will is
-        published and, as it closes, its session is stored for the new connection."""
-        current = self._clients.get(client_id)
-        if current is not None:
-            current.subscriber.takeover()
-
     def attach(self, session: Session, subscriber: Subscriber) -> None:
         """``subscriber`` is now the live connection of ``session``."""
         current = self._clients.get(session.client_id)
@@ -283,7 +276,7 @@ class Dispatcher:
 
     def _may_read(self, client_id: str, topic: str) -> bool:
         client = self._clients.get(client_id)
-        return client is not None and client.subscriber.may_read(topic)
+        return client is not None and client.session.may_read(topic)
 
     def share_group(self, group: str, topic_filter: str) -> ShareGroup | None:
         return self.shares.groups.get((group, topic_filter))

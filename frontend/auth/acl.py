@@ -24,7 +24,8 @@ How a client's topic is judged (``mosquitto_acl_check_default``), first answer w
 So a ``deny`` beats every grant of its own stage, and a user's own grant beats a pattern deny.
 A filter not starting with ``$`` never matches a topic that does, so reading ``$SYS`` needs a
 rule such as ``topic read $SYS/#``.  Publishing to a topic starting with ``$SYS`` or ``$share``
-is refused whatever the file says (``acl__check_dollar`` in ``src/security.c``).
+is refused whatever the file says (``acl__check_dollar`` in ``src/security.c``), and to
+``$events`` (the nodes' client events, ``frontend.events``).
 
 A SUBSCRIBE filter is granted only if a rule the client may read by covers it whole (every topic
 the filter can match, the rule matches) and no deny rule covers it whole; otherwise its SUBACK
@@ -57,7 +58,7 @@ MAX_FILTER_LENGTH = 65535
 CACHE_SIZE = 256
 _KNOWN = 2  # cache value: the answer bit (READ/WRITE) | the same bit << _KNOWN once computed
 _PLACEHOLDER = re.compile("%[cu]")
-_NEVER_PUBLISHED = ("$SYS", "$share")
+_NEVER_PUBLISHED = ("$SYS", "$share", "$events")
 
 Rules = tuple[tuple[str, int], ...]
 """(filter, access) pairs in the order they are tried; access DENY refuses on a match."""
@@ -228,7 +229,7 @@ class RuleHolder(Protocol):
 class Access:
     """One connected client's permissions under the holder's current rules.
 
-    With no acl_file everything is allowed except publishing to ``$SYS``/``$share``.
+    With no acl_file everything is allowed except publishing to ``$SYS``/``$share``/``$events``.
     """
 
     __slots__ = ("_cache", "_client_id", "_generation", "_holder", "_rules", "_username")

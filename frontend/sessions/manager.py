@@ -1,5 +1,13 @@
 """The session manager: one owner for a session's whole life on this node.
 
+A connection calls it in this order, and nothing else decides a session's life: :meth:`open`
+(admit, acquire, restore), :meth:`serve` once the CONNACK is out (resume, or let go at once if
+another node asked meanwhile), :meth:`subscribe`/:meth:`subscribed`/:meth:`unsubscribe` and the
+QoS 2 marks while connected, and :meth:`end` as the connection closes (the will, then release).
+Requests from the cluster (``frontend.cluster`` only carries them) come in through
+:meth:`release_requested` and :meth:`taken_elsewhere`; the manager closes the connection it
+serves the session with itself (:class:`Holder`), never through the router.
+
 A session's life: **admit** (at most ``OPENING_AT_ONCE`` sessions are acquired at once; a storm
 of CONNECTs waits its turn), **acquire** (own the client id's session in the store, taking it
 over from its current connection on this node or another [MQTT-3.1.4-2]; a previous connection
@@ -8,8 +16,10 @@ another identity is refused, :class:`NotOwnerError`, its connection and state un
 **restore** (the stored in-flight window and QoS 2 state), **resume** (subscribe again and catch
 up from the log from the stored positions, see ``router.backlog``), **save** (what changed, in
 batches, and the node's checkpoint: ``frontend.sessions.saver``), and **release** (store what
-lasts, or forget a clean session) when the connection ends.  Wills are in
-``frontend.sessions.wills``.
+lasts, or forget a clean session) when the connection ends.  Wills are published by
+``frontend.sessions.wills``, asked by this manager only; the steps clients and analytics may want
+to know of (connected, subscribed, unsubscribed, disconnected and why) are told to
+``frontend.events`` by this manager only.
 
 Invariants: a session is owned by at most one connection in the cluster, fenced by its lease;
 a session is only ever acquired under the identity that made it (``frontend.sessions.store``);
@@ -24,10 +34,12 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast
+from dataclasses import dataclass
+from typing import TypeVar
 
 from frontend import outages
-from frontend.cluster import FORCE_AFTER, Coordinator
+from frontend.cluster import Coordinator
+from frontend.events import CONNECTION_LOST, Events
 from frontend.outages import in_background
 from frontend.retained import RetainedStore
 from frontend.sessions.saver import Holder, Owned, Saver
@@ -37,7 +49,7 @@ from mqttcore.message import Message, MessageStamps
 from mqttcore.packets import Connect
 from mqttcore.session import Outbound, Session, StoredOutbound, StoredSession
 
-__all__ = ["Holder", "NotOwnerError", "Owned", "SessionManager"]
+__all__ = ["Holder", "NotOwnerError", "Opened", "Owned", "SessionManager"]
 from frontend.sessions.store import Busy, Lease, NotOwner, SessionStore
 from frontend.sessions.wills import Wills
 from router import record
@@ -51,6 +63,10 @@ Taken = tuple[Lease, StoredSession | None]
 """An acquired session: its lease and what was stored of it."""
 Gone = Callable[[], bool]
 """Whether the connection went away (while its session was being opened)."""
+
+FORCE_AFTER = 1.5
+"""Seconds a CONNECT waits for another node to let go of its session before taking it by force
+(``frontend.cluster``'s docstring: the fencing token moves on, and the old owner is told)."""
 
 OPENING_AT_ONCE = 1024
 """Sessions asked of the store at once; a storm of CONNECTs beyond waits its turn, in order.
@@ -73,6 +89,23 @@ class NotOwnerError(Exception):
     (CONNACK 5) and the session left as it is."""
 
 
+@dataclass(slots=True)
+class Opened:
+    """A session :meth:`SessionManager.open` acquired and restored for a connection: answer the
+    CONNACK, then hand it to :meth:`SessionManager.serve`."""
+
+    owned: Owned
+    stored: StoredSession | None
+    """What was stored of it (None: a new session)."""
+    asked_to_let_go: bool = False
+    """Another node asked for the session while it was being acquired here."""
+
+    @property
+    def present(self) -> bool:
+        """CONNACK's session present flag [MQTT-3.2.2-2]."""
+        return self.stored is not None
+
+
 class SessionManager:
     """Acquire, restore, resume, save and release the sessions of this node's connections."""
 
@@ -84,6 +117,7 @@ class SessionManager:
         retained: RetainedStore,
         dispatcher: Dispatcher,
         log_: KafkaLog,
+        events: Events | None = None,
     ) -> None:
         self.node_id = stamps.origin_node
         self.stamps = stamps
@@ -93,7 +127,11 @@ class SessionManager:
         self.dispatcher = dispatcher
         self.coordinator: Coordinator | None = None
         self.wills = Wills(stamps, log_, retained)
+        self.events = events or Events(stamps, log_, enabled=False)
+        """Told each step of a session's life clients and analytics may want to know of."""
         self._opening = asyncio.Semaphore(OPENING_AT_ONCE)
+        self._served: dict[str, Owned] = {}
+        """The sessions connections here serve now, by client id."""
         self._acquiring: dict[str, int] = {}
         """Client ids being acquired here now (how many connections are at it)."""
         self._asked_to_let_go: set[str] = set()
@@ -152,6 +190,7 @@ class SessionManager:
         if stored is not None:
             session.restore_inflight(stored, [_restore(o) for o in stored.inflight])
         owned = Owned(lease, session, holder)
+        self._served[lease.client_id] = owned
         self.live[owned.persistent] += 1
         self.saver.went_live(owned)
         self.dispatcher.attach(session, holder)
@@ -159,11 +198,11 @@ class SessionManager:
 
     async def open(
         self, client_id: str, connect: Connect, holder: Holder, gone: Gone, identity: str
-    ) -> tuple[Owned, bool] | None:
-        """A CONNECT by ``identity``: acquire the session, restore it, and catch it up from the
-        log once the caller has answered (a task, after the CONNACK).  The session and whether
-        one was stored; None if the connection went away meanwhile (``gone`` says), keeping
-        what was stored.  Store errors raise, and :class:`NotOwnerError`."""
+    ) -> Opened | None:
+        """A CONNECT by ``identity``: acquire the session and restore it, served by ``holder``
+        from now on; :meth:`serve` it once the CONNACK is out.  None if the connection went
+        away meanwhile (``gone`` says), keeping what was stored.  Store errors raise, and
+        :class:`NotOwnerError`."""
         will = will_message(connect.will, client_id, self.stamps) if connect.will else None
         asked = False
         try:
@@ -176,13 +215,23 @@ class SessionManager:
             self.abandon(lease, stored)
             return None
         owned = self.attach(lease, stored, connect.clean_session, holder)
-        if asked:  # answered first, then closed like any connection taken over
-            asyncio.get_running_loop().call_soon(holder.takeover)
-        if stored is not None and stored.subscriptions:
-            task = asyncio.get_running_loop().create_task(self.resume(owned, stored))
-            task.add_done_callback(lambda done: _report_failure(done, holder))
+        owned.username = connect.username
         self.resumed += stored is not None
-        return owned, stored is not None
+        self.events.connected(client_id, connect.username, connect.clean_session)
+        return Opened(owned, stored, asked)
+
+    def serve(self, opened: Opened) -> None:
+        """After the CONNACK: a session another node asked for meanwhile is let go at once
+        (closed like any connection taken over, its will published); a returning one is caught
+        up from the log in the background (a failure closes it through its holder)."""
+        owned, stored = opened.owned, opened.stored
+        if owned.closed:
+            return
+        if opened.asked_to_let_go:
+            owned.holder.takeover()
+        elif stored is not None and stored.subscriptions:
+            task = asyncio.get_running_loop().create_task(self.resume(owned, stored))
+            task.add_done_callback(lambda done: _report_failure(done, owned.holder))
 
     def release_requested(self, client_id: str) -> None:
         """Another node asks for ``client_id``'s session [MQTT-3.1.4-2]: close its connection
@@ -190,9 +239,8 @@ class SessionManager:
         soon as it is open (the other node would otherwise take the session by force)."""
         if client_id in self._acquiring:
             self._asked_to_let_go.add(client_id)
-        owned = self._served(client_id)
+        owned = self._served.get(client_id)
         if owned is None:
-            self.dispatcher.take_over(client_id)
             return
         task = asyncio.get_running_loop().create_task(self._let_go_if_held(owned))
         task.add_done_callback(lambda done: _report_failure(done, owned.holder))
@@ -209,7 +257,7 @@ class SessionManager:
         if owned.closed:
             return
         if held:
-            self.dispatcher.take_over(owned.lease.client_id)
+            owned.holder.takeover()
         else:
             client_id = owned.lease.client_id
             log.warning("client %s: session taken by force elsewhere; closing", client_id)
@@ -219,15 +267,10 @@ class SessionManager:
         """Another node took ``client_id``'s session by force with ``token`` (this node did not
         answer in time): a connection here on an older lease closes without its will, which
         the other node published."""
-        owned = self._served(client_id)
+        owned = self._served.get(client_id)
         if owned is not None and owned.lease.token < token:
             log.warning("client %s: session taken by force elsewhere; closing", client_id)
             owned.holder.lose_session()
-
-    def _served(self, client_id: str) -> Owned | None:
-        """The session of ``client_id`` a connection here serves now, if any."""
-        holder = self.dispatcher.subscriber(client_id)
-        return cast(Holder, holder).owned if holder is not None else None  # attach() gives Holders
 
     def abandon(self, lease: Lease, stored: StoredSession | None) -> None:
         """The connection went away while its session was acquired: let go, keeping ``stored``."""
@@ -285,8 +328,10 @@ class SessionManager:
     async def _release_local(self, client_id: str) -> bool:
         """Close our own connection of ``client_id`` and wait until it let go; False if there
         was nothing to wait for (a stale lease).  A connection releases its session as it
-        closes, so the release is under way once ``take_over`` returns."""
-        self.dispatcher.take_over(client_id)
+        closes (:meth:`end`), so the release is under way once ``takeover`` returns."""
+        owned = self._served.get(client_id)
+        if owned is not None:
+            owned.holder.takeover()
         releasing = self.saver.releasing.get(client_id)
         if releasing is None:
             return False
@@ -307,6 +352,10 @@ class SessionManager:
 
     # -- subscriptions ------------------------------------------------------------------------
 
+    def admit(self, owned: Owned, granted: list[tuple[str, int]]) -> set[str]:
+        """The shared filters of ``granted`` the node's share-group bounds refuse (0x80)."""
+        return self.dispatcher.shares.admit(owned.session, granted)
+
     async def subscribe(
         self, owned: Owned, granted: list[tuple[str, int]]
     ) -> tuple[dict[int, int], list[str]]:
@@ -321,6 +370,8 @@ class SessionManager:
         self, owned: Owned, granted: list[tuple[str, int]], new: list[str], starts: dict[int, int]
     ) -> None:
         """After the SUBACK: the matching retained messages [MQTT-3.3.1-6], then live."""
+        if granted:
+            self.events.subscribed(owned.lease.client_id, owned.username, granted)
         try:
             filters = [f for f, _ in granted]
             scan = self.retained.scan
@@ -328,14 +379,40 @@ class SessionManager:
         finally:
             self.dispatcher.activate(owned.session, new)
 
+    def unsubscribe(self, owned: Owned, filters: tuple[str, ...]) -> None:
+        """Drop ``filters`` now; a persistent session is stored without them in the background."""
+        self.dispatcher.unsubscribe(owned.session, filters)
+        self.events.unsubscribed(owned.lease.client_id, owned.username, filters)
+        in_background(self.save(owned), owned.lease.client_id, "saving the session")
+
     # -- save and release -----------------------------------------------------------------------
 
     async def save(self, owned: Owned) -> None:
         """Store a persistent session now (before a SUBACK or after an UNSUBSCRIBE)."""
         await self.saver.save(owned)
 
+    def end(
+        self,
+        owned: Owned,
+        will: Message | None,
+        held_back: list[Outbound],
+        reason: str = CONNECTION_LOST,
+    ) -> None:
+        """The connection serving ``owned`` is closing, for ``reason`` (one of
+        ``frontend.events.REASONS``): publish its ``will`` [MQTT-3.1.2-8] (the channel decided
+        there is one, under the rules of now), keep the messages it ``held_back`` for the stored
+        session, and release it, in that order, then tell the event."""
+        if will is not None:
+            self.wills.publish(will)
+        for out in held_back:
+            owned.session.deliver(out, online=False)
+        self.release(owned)
+        self.events.disconnected(owned.lease.client_id, owned.username, reason)
+
     def release(self, owned: Owned) -> None:
         """The connection ended: store what lasts (in the background), forget the rest here."""
+        if self._served.get(owned.lease.client_id) is owned:
+            del self._served[owned.lease.client_id]
         self.live[owned.persistent] -= 1
         self.saver.release(owned)
         self.dispatcher.detach(owned.session, owned.holder)
@@ -350,6 +427,13 @@ class SessionManager:
     async def unmark_received(self, owned: Owned, packet_id: int) -> None:
         if owned.persistent:
             await self.store.unmark_received(owned.lease, packet_id)
+
+    def forget_qos2(self, owned: Owned, packet_id: int) -> None:
+        """The client released ``packet_id`` (PUBREL): a persistent session stops recording it
+        as awaiting PUBREL, in the background (a clean session never recorded it)."""
+        if owned.persistent:
+            work = self.unmark_received(owned, packet_id)
+            in_background(work, owned.lease.client_id, "forgetting a QoS 2 id")
 
 
 def _report_failure(task: asyncio.Task[None], holder: Holder) -> None:

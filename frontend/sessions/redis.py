@@ -116,6 +116,11 @@ def hash_tag(name: str) -> str:
     return f"#{{x{name.encode().hex()}}}"
 
 
+def untag(tag: str) -> str:
+    """The name :func:`hash_tag` made ``tag`` of."""
+    return bytes.fromhex(tag[3:-1]).decode() if tag.startswith("#{x") else tag[1:-1]
+
+
 _FENCE = """
 local lease = redis.call('HMGET', KEYS[1], 'token', 'connected')
 if lease[1] ~= ARGV[1] or lease[2] ~= '1' then return 0 end
@@ -420,16 +425,19 @@ class RedisSessionStore:
         if await self.redis.exists(self.alive_key(node_id)):
             await self.redis.sadd(self._nodes, node_id)
 
-    async def reap(self, key: str) -> None:
+    async def reap(self, key: str) -> str | None:
         """Redis expired ``key``: if it is one of our sessions' expiry markers, delete that
-        session's keys unless it was resumed since, and count it if this call did."""
+        session's keys unless it was resumed since, and count it if this call did; the client
+        id if this call removed a session."""
         suffix = ":expiry"
         ours = key.startswith(self.prefix) and key[len(self.prefix) :].startswith(("{", "#{"))
         if not (ours and key.endswith(suffix)):
-            return
+            return None
         base = key[: -len(suffix)]
-        if await self._reap(keys=[f"{base}:session", f"{base}:rel", key]):
-            self.expired += 1
+        if not await self._reap(keys=[f"{base}:session", f"{base}:rel", key]):
+            return None
+        self.expired += 1
+        return untag(base[len(self.prefix) :])
 
     async def _now(self) -> int:
         """Redis's clock, in microseconds: what tokens are made of."""

@@ -43,9 +43,12 @@ SAVE_INTERVAL = 1.0
 
 
 class Holder(Subscriber, Protocol):
-    """The connection serving a session, as the session manager sees it."""
+    """The connection serving a session, as the session manager sees it: what the router
+    delivers to, and what the manager closes when the session's life says so."""
 
-    owned: Owned | None
+    def takeover(self) -> None:
+        """Another connection is taking this client id [MQTT-3.1.4-2]: close, publishing the
+        will (the connection then hands the session back, ``SessionManager.end``)."""
 
     def lose_session(self) -> None:
         """Another node took the session by force: close without publishing the will (the node
@@ -59,6 +62,7 @@ class Owned:
     lease: Lease
     session: Session
     holder: Holder
+    """The connection serving it: the manager's to close when the session's life says so."""
     replaying: StoredSession | None = None
     """The stored state being resumed, until its subscriptions are registered again: its
     positions are what a save writes meanwhile."""
@@ -67,6 +71,8 @@ class Owned:
     """The node's checkpoint number when the session went live here."""
     saved: int = -1
     """``session.changes`` when the session was last stored (-1: not since it went live)."""
+    username: str | None = None
+    """The user name of the CONNECT that opened it here (for its client events)."""
 
     @property
     def persistent(self) -> bool:

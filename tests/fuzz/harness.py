@@ -38,6 +38,7 @@ from mqttcore.channel import (
     UNRESTRICTED,
     Action,
     AddSubscriptions,
+    Authenticate,
     Channel,
     Close,
     ForgetQos2,
@@ -348,6 +349,10 @@ class _Connection:
         if will is not None:
             topics.validate_topic_name(will.topic)
 
+    def authenticate(self, action: Authenticate) -> None:
+        assert self.channel.state is State.OPENING
+        self.carry_out(self.channel.logged_in(self.permissions))
+
     def open_session(self, action: OpenSession) -> None:
         assert self.channel.state is State.OPENING
         if self.plan.control & REFUSED:
@@ -462,6 +467,7 @@ def _outbound(topic: str, qos: int, payload: bytes = b"x") -> Outbound:
 _ACTIONS = {
     Send: _Connection.send,
     Close: _Connection.close,
+    Authenticate: _Connection.authenticate,
     OpenSession: _Connection.open_session,
     Produce: _Connection.produce,
     AddSubscriptions: _Connection.add_subscriptions,

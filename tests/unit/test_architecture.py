@@ -267,6 +267,83 @@ def test_modules_are_short() -> None:
     assert not bad, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(bad)
 
 
+SESSIONS = "frontend.sessions"
+SESSION_LIFE_CALLS = ("takeover", "lose_session", "take_over", "keep_will")
+"""Steps of a session's life: closing the connection serving it, keeping its will."""
+STORE_LIFE_CALLS = ("acquire", "release")
+"""The session store's own steps (a call on something named ``...store``)."""
+
+
+def session_life_calls(module: str, path: Path) -> list[str]:
+    """Where ``module`` takes a step of a session's life (``SESSION_LIFE_CALLS``, or the
+    store's ``acquire``/``release``)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        name, owner = node.func.attr, ast.unparse(node.func.value)
+        if name in SESSION_LIFE_CALLS or (
+            name in STORE_LIFE_CALLS and owner.lower().endswith("store")
+        ):
+            found.append(f"{module}:{node.lineno} calls {owner}.{name}")
+    return found
+
+
+def test_a_sessions_life_is_decided_in_frontend_sessions_only() -> None:
+    # One owner of a session's life (../shared/ARCHITECTURE.md): acquire and release in the
+    # store, the will kept, a connection closed for a takeover: none of it elsewhere.
+    bad = [
+        call
+        for module, path in modules().items()
+        if not within(module, SESSIONS)
+        for call in session_life_calls(module, path)
+    ]
+    assert not bad, "session life outside frontend.sessions:\n" + "\n".join(bad)
+
+
+def test_the_session_life_check_sees_a_call_elsewhere(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("def f(d, s):\n    d.take_over('c')\n    s.store.acquire('c')\n")
+    assert session_life_calls("m", path) == ["m:2 calls d.take_over", "m:3 calls s.store.acquire"]
+
+
+BACK_REFERENCES_LEFT = {
+    ("frontend.auth", "Access"): "asks its Auth for the rules of now (a SIGHUP reload)",
+    ("frontend.systree", "WithTotals"): "asks its SysTree for the $SYS totals",
+}
+"""Helpers still made with a reference to their maker (not in issue 21 item 3's files)."""
+
+
+def back_references(module: str, path: Path) -> list[tuple[str, str, int]]:
+    """Where ``module`` makes an object of a class, handing it ``self``: a helper that keeps a
+    reference back to its owner (``../shared/STYLE.md``: worse than the longer class)."""
+    found: list[tuple[str, str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        values = [*node.args, *(keyword.value for keyword in node.keywords)]
+        handed_self = any(isinstance(v, ast.Name) and v.id == "self" for v in values)
+        if handed_self and node.func.id[:1].isupper():
+            found.append((module, node.func.id, node.lineno))
+    return found
+
+
+def test_no_helper_is_handed_its_owner() -> None:
+    bad = [
+        f"{maker}:{line} makes {name}(self, ...)"
+        for module, path in modules().items()
+        for maker, name, line in back_references(module, path)
+        if (maker, name) not in BACK_REFERENCES_LEFT
+    ]
+    assert not bad, "helpers holding a reference back to their owner:\n" + "\n".join(bad)
+
+
+def test_the_back_reference_check_sees_one(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("class A:\n    def f(self):\n        self.p = P(self, 1)\n        g(self)\n")
+    assert back_references("m", path) == [("m", "P", 3)]
+
+
 # -- the checker itself, on a made-up tree ------------------------------------------------------
 
 FAKE_TREE = {
@@ -304,3 +381,47 @@ def test_checker_reports_a_cycle(tmp_path: Path) -> None:
     assert found == [["a", "a.b.c", "a.b.d", "a.e", "z"]]  # a.b and z.y import nothing back
     cycle = describe(cycle_in(found[0], graph), graph)
     assert cycle == "a:1 -> a.b.c:1 -> a.b.d:3 -> a.e:2 -> z:1 -> a"
+
+
+# -- bench/: a load generator from outside ------------------------------------------------------
+
+BENCH_MAY_NOT_IMPORT = ("frontend", "router", "mqttcore", "headwater")
+"""The product and its tooling: bench/ starts Headwater by shelling out to ``headwater dev up``
+and speaks MQTT with a codec of its own, so a bug in the product cannot hide one in the load."""
+BENCH_SPARK = "bench.spark_job"
+"""The one module that may import ``spark_streaming``: it runs the analytics job it measures."""
+
+
+def bench_imports(root: Path = ROOT) -> list[Import]:
+    return all_imports(discover(root, ["bench"]))
+
+
+def product_imports_of_bench(found: Iterable[Import]) -> list[str]:
+    def bad(imp: Import) -> bool:
+        top = imp.name.split(".")[0]
+        spark = top == "spark_streaming" and imp.importer != BENCH_SPARK
+        return top in BENCH_MAY_NOT_IMPORT or top == "schemas" or spark
+
+    return [str(imp) for imp in found if bad(imp)]
+
+
+def test_bench_imports_nothing_of_the_product() -> None:
+    found = bench_imports()
+    assert {imp.importer for imp in found} >= {"bench.load", "bench.mqtt", "bench.brokers"}
+    bad = product_imports_of_bench(found)
+    assert not bad, "bench/ must not import the product (shell out instead):\n" + "\n".join(bad)
+
+
+def test_the_bench_check_sees_a_product_import() -> None:
+    found = [
+        Import("bench.load", "mqttcore.codec", 3),
+        Import("bench.brokers", "headwater.services.kafka", 7),
+        Import("bench.spark_job", "spark_streaming.runner", 9),
+        Import("bench.scale", "spark_streaming", 2),
+        Import("bench.load", "asyncio", 1),
+    ]
+    assert product_imports_of_bench(found) == [
+        "bench.load:3 imports mqttcore.codec",
+        "bench.brokers:7 imports headwater.services.kafka",
+        "bench.scale:2 imports spark_streaming",
+    ]

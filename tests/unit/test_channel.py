@@ -17,6 +17,7 @@ from mqttcore.channel import (
     UNRESTRICTED,
     Action,
     AddSubscriptions,
+    Authenticate,
     Channel,
     Close,
     ForgetQos2,
@@ -61,6 +62,8 @@ WILL = Will("clients/c/status", b"gone", qos=1, retain=True)
 def opening(connect: Connect | None = None, limits: Limits | None = None) -> Channel:
     channel = Channel(STAMPS, limits)
     (action,) = channel.handle_in(connect or Connect("c"))
+    assert isinstance(action, Authenticate)
+    (action,) = channel.logged_in(UNRESTRICTED)
     assert isinstance(action, OpenSession)
     assert channel.state is State.OPENING
     return channel
@@ -184,7 +187,7 @@ def test_connecting(kind: type) -> None:
     channel = Channel(STAMPS)
     if kind is Connect:
         (action,) = channel.handle_in(SAMPLES[kind])
-        assert action == OpenSession(Connect("c"), "c")
+        assert action == Authenticate(Connect("c"), "c")
         assert channel.state is State.OPENING
         return
     # [MQTT-3.1.0-1] the first packet from the client must be CONNECT
@@ -250,7 +253,7 @@ def test_closed_ignores_late_events(route: Callable[[], Channel]) -> None:
 def test_open_session_carries_the_connect_and_client_id() -> None:
     connect = Connect("dev-1", clean_session=False, keep_alive=30, username="u", password=b"p")
     channel = Channel(STAMPS)
-    assert channel.handle_in(connect) == [OpenSession(connect, "dev-1")]
+    assert channel.handle_in(connect) == [Authenticate(connect, "dev-1")]
     assert (channel.client_id, channel.keep_alive, channel.connect) == ("dev-1", 30, connect)
 
 
@@ -260,7 +263,7 @@ def test_empty_client_id_with_clean_session_is_assigned_a_unique_id() -> None:
     for _ in range(3):
         channel = Channel(STAMPS)
         (action,) = channel.handle_in(Connect("", clean_session=True))
-        assert isinstance(action, OpenSession)
+        assert isinstance(action, Authenticate)
         assert action.client_id.startswith("headwater-")
         assert channel.client_id == action.client_id
         ids.add(action.client_id)
@@ -775,3 +778,73 @@ def test_session_opened_keeps_the_session_and_keep_alive() -> None:
     channel.session_opened(session, False)
     assert channel.session is session
     assert channel.keep_alive == 45
+
+
+# -- the login, takeovers and deadlines: decided here, carried out by the connection -----------
+
+
+def authenticating(connect: Connect | None = None) -> Channel:
+    channel = Channel(STAMPS)
+    (action,) = channel.handle_in(connect or Connect("c", will=WILL, keep_alive=10))
+    assert isinstance(action, Authenticate)
+    return channel
+
+
+@pytest.mark.parametrize("code", [2, 3, 4, 5])
+def test_a_refused_login_sends_its_connack_code_then_closes_without_the_will(code: int) -> None:
+    # [MQTT-3.2.2-5] a non-zero CONNACK is followed by closing the connection
+    channel = authenticating()
+    actions = channel.logged_in(None, code, "why")
+    assert sent(actions) == [Connack(False, code)]
+    assert actions[-1] == Close("why", publish_will=False)
+    assert channel.state is State.CLOSED and channel.take_will() is None
+
+
+def test_a_login_refused_without_a_code_is_not_authorized() -> None:
+    assert sent(authenticating().logged_in(None)) == [Connack(False, 5)]
+
+
+def test_an_accepted_login_opens_the_session_of_its_identity_under_its_permissions() -> None:
+    connect = Connect("c", will=WILL)
+    channel = authenticating(connect)
+    assert channel.logged_in(OnlyUnder("mine/"), identity="alice") == [
+        OpenSession(connect, "c", "alice")
+    ]
+    assert channel.logged_in(UNRESTRICTED) == []  # answered once
+    channel.session_opened(Session("c", clean=True), False)
+    assert only_sent(channel.handle_in(Publish("theirs/x", b"", 1, packet_id=4))) == [Puback(4)]
+    assert produce(channel.handle_in(Publish("mine/x", b"", 1, packet_id=5))).message.topic == (
+        "mine/x"
+    )
+
+
+def test_a_login_answered_after_the_connection_closed_opens_nothing() -> None:
+    channel = authenticating()
+    channel.connection_lost("gone")
+    assert channel.logged_in(UNRESTRICTED) == [] and channel.logged_in(None, 4) == []
+
+
+def test_a_takeover_closes_with_the_will_and_a_session_lost_elsewhere_without_it() -> None:
+    taken = connected(Connect("c", will=WILL))
+    (close,) = taken.taken_over()
+    assert close == Close("session taken over [MQTT-3.1.4-2]", publish_will=True)
+    _assert_is_the_will(taken.take_will())
+    lost = connected(Connect("c", will=WILL))
+    (close,) = lost.session_lost()
+    assert isinstance(close, Close) and not close.publish_will
+    assert lost.take_will() is None and lost.state is State.CLOSED
+
+
+def test_deadlines_are_the_connect_timeout_then_one_and_a_half_keep_alives() -> None:
+    channel = Channel(STAMPS)
+    assert channel.due(opened=100.0, last_seen=150.0, connect_timeout=10.0) == 110.0
+    assert channel.timed_out() == [Close("no CONNECT in time", publish_will=False)]
+    channel = authenticating()
+    assert channel.due(100.0, 150.0, 10.0) is None  # no deadline while being opened
+    assert channel.timed_out() == []
+    channel.logged_in(UNRESTRICTED)
+    channel.session_opened(Session("c", clean=True), False)
+    assert channel.due(100.0, 150.0, 10.0) == 165.0  # [MQTT-3.1.2-24]
+    assert channel.timed_out() == [Close("keep-alive of 10s expired", publish_will=True)]
+    idle = connected(Connect("c", keep_alive=0))
+    assert idle.due(100.0, 150.0, 10.0) is None

@@ -4,7 +4,8 @@ takeover, abandon, save, release, resume and wills, as a client would see their 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,9 @@ from frontend.retained import MemoryRetainedStore
 from frontend.sessions.manager import Owned, SessionManager
 from frontend.sessions.store import Lease, MemorySessionStore
 from mqttcore.channel import Limits
-from mqttcore.session import Session, StoredSession
+from mqttcore.codec import PublishTemplate
+from mqttcore.packets import Connect
+from mqttcore.session import Outbound, Session, StoredSession
 from router import record
 from router.dispatch import Dispatcher
 from router.partitioner import Router
@@ -234,7 +237,7 @@ async def test_the_session_of_a_dead_node_resumes_from_that_nodes_checkpoint(
     other.coordinator = cluster = NoAnswer()  # type: ignore[assignment]
     lease, stored = await other.acquire("dev", False, None)
     assert stored is not None and stored.positions == {p: 7}  # not 0: nothing read twice
-    await asyncio.sleep(0)  # the old owner is told in the background
+    await until(lambda: bool(cluster.told))  # the old owner is told in the background
     assert cluster.told == [(STAMPS.origin_node, "dev", lease.token)]
 
 
@@ -243,19 +246,25 @@ async def test_a_connection_on_an_older_lease_closes_without_its_will_when_told(
     owned = await connect(sessions, "dev")
     holder = owned.holder
     assert isinstance(holder, FakeClient)
-    holder.owned = owned
     sessions.taken_elsewhere("dev", owned.lease.token)  # not newer: a stale notice
     assert holder.lost == 0
     sessions.taken_elsewhere("dev", owned.lease.token + 1)
     assert holder.lost == 1
 
 
-async def answered(holder: FakeClient) -> None:
-    """Until the connection was closed, one way or the other (a few loop turns at most)."""
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for ``condition``, a few loop turns at most (work the manager left in the
+    background: a store read, a message to another node)."""
     for _ in range(100):
-        if holder.lost or holder.taken_over:
+        if condition():
             return
         await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+async def answered(holder: FakeClient) -> None:
+    """Until the connection was closed, one way or the other."""
+    await until(lambda: bool(holder.lost or holder.taken_over))
 
 
 async def test_a_request_to_let_go_of_a_session_taken_meanwhile_closes_without_the_will() -> None:
@@ -266,7 +275,6 @@ async def test_a_request_to_let_go_of_a_session_taken_meanwhile_closes_without_t
     owned = await connect(sessions, "dev")
     holder = owned.holder
     assert isinstance(holder, FakeClient)
-    holder.owned = owned
     await store.acquire("dev", "other-node", clean=False, force=True)  # taken by force
     sessions.release_requested("dev")
     await answered(holder)  # the check is one store read away
@@ -278,7 +286,67 @@ async def test_a_request_to_let_go_of_a_session_still_held_closes_it_with_its_wi
     owned = await connect(sessions, "dev")
     holder = owned.holder
     assert isinstance(holder, FakeClient)
-    holder.owned = owned
     sessions.release_requested("dev")
     await answered(holder)
     assert holder.taken_over == 1 and holder.lost == 0
+
+
+# -- one owner, steps in the order of the code -------------------------------------------------
+
+
+class AskedWhileAcquiring(MemorySessionStore):
+    """A store during whose acquire another node asks this node for the session."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sessions: SessionManager | None = None
+
+    async def acquire(self, client_id: str, *args: Any, **kwargs: Any) -> Any:
+        answer = await super().acquire(client_id, *args, **kwargs)
+        if self.sessions is not None:
+            self.sessions.release_requested(client_id)
+        return answer
+
+
+async def test_a_session_asked_for_while_opening_is_let_go_when_served_and_not_resumed() -> None:
+    store = AskedWhileAcquiring()
+    sessions = manager(store=store)
+    first = await connect(sessions, "dev")
+    await sessions.subscribe(first, [("a/#", 1)])
+    await released(sessions, first)
+    store.sessions = sessions
+    holder = FakeClient(Session("dev", False))
+    opened = await sessions.open("dev", Connect("dev", False), holder, lambda: False, "")
+    assert opened is not None and opened.present
+    assert holder.taken_over == 0  # nothing before the CONNACK goes out
+    sessions.serve(opened)
+    assert holder.taken_over == 1  # at once, not a loop turn later
+    await asyncio.sleep(0.01)  # a resume, had one started, would have registered by now
+    assert opened.owned.session.subscriptions == {}  # not resumed: it is being let go
+
+
+async def test_a_takeover_here_closes_the_connection_the_manager_serves_the_session_with() -> None:
+    sessions = manager()
+    first = await connect(sessions, "dev")
+    holder = first.holder
+    assert isinstance(holder, FakeClient)
+    holder.on_takeover = lambda: sessions.end(first, None, [])
+    sessions.dispatcher.detach(first.session, holder)  # the router no longer knows it
+    lease, _ = await asyncio.wait_for(sessions.acquire("dev", False, None), 5)
+    assert holder.taken_over == 1 and first.closed and lease.token == first.lease.token + 1
+
+
+async def test_ending_a_connection_publishes_its_will_then_stores_what_it_held_back() -> None:
+    log = FakeLog()
+    sessions = manager(log)
+    owned = await connect(sessions, "dev")
+    will = message("wills/dev", payload=b"gone")
+    mine = message("a/b", payload=b"own")
+    held = Outbound(mine, 1, False, PublishTemplate("a/b", b"own", 1))
+    sessions.end(owned, will, [held])
+    assert [m.payload for m in log.produced] == [b"gone"] and sessions.wills.published == 1
+    assert [out.message.payload for out in owned.session.queue] == [b"own"]  # kept for later
+    assert owned.closed and sessions.live == [0, 0]
+    await sessions.stop()
+    _, stored = await sessions.acquire("dev", False, None)
+    assert stored is not None  # released, not forgotten

@@ -26,9 +26,9 @@ async def opened(
         client_id, Connect(client_id, clean), holder, lambda: False, identity
     )
     assert answer is not None
-    owned, present = answer
-    holder.session, holder.owned = owned.session, owned
-    return owned, present
+    sessions.serve(answer)
+    holder.session = answer.owned.session
+    return answer.owned, answer.present
 
 
 async def test_another_identity_is_refused_and_the_live_owner_keeps_its_session() -> None:
