@@ -26,7 +26,6 @@ import argparse
 import logging
 import os
 import resource
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,10 +34,34 @@ from frontend.proxy_protocol import LOOPBACK, AllowList
 from frontend.retained import DEFAULT_MAX_RETAINED, DEFAULT_MAX_RETAINED_BYTES
 from frontend.sessions.redis import DEFAULT_PREFIX
 from frontend.sessions.store import DEFAULT_EXPIRY
+from frontend.values import (
+    INTEGER,
+    KINDS,
+    LIST,
+    METAVARS,
+    SECONDS,
+    SWITCH,
+    TEXT,
+    Append,
+    ConfigError,
+    FileValue,
+    Parse,
+    allow_list,
+    checked,
+    choice,
+    existing_file,
+    int_setting,
+    kafka_config,
+    label,
+    origins,
+    seconds_setting,
+    switch_setting,
+    variable_of,
+)
 from mqttcore.channel import Limits
 from mqttcore.codec import DEFAULT_MAX_CONNECT_SIZE, DEFAULT_MAX_WILL_SIZE
-from router.log import security_settings
 from router.partitioner import DEFAULT_ROUTING_DEPTH
+from router.relays import INBOUND_TOPIC, Export, inbound_topic_name, parse_export
 from router.shared import DEFAULT_MAX_SHARE_GROUPS, DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT
 from router.topics import DEFAULT_PARTITIONS, MAX_RECORD_BYTES, MESSAGES_TOPIC
 
@@ -59,126 +82,9 @@ LISTENER_KINDS = ("mqtt", "mqtts", "ws", "wss")
 """MQTT over TCP, over TLS, over WebSocket (path ``/mqtt``) and over secure WebSocket."""
 
 
-class ConfigError(ValueError):
-    """A setting that stops start-up; the message names the flag and variable."""
-
-
-class FileValue(str):
-    """A setting's text read from the configuration file, with ``origin`` (``key in FILE``) for
-    the messages of the checks below."""
-
-    origin: str
-
-    def __new__(cls, text: str, origin: str = "") -> FileValue:
-        value = super().__new__(cls, text)
-        value.origin = origin
-        return value
-
-
-# -- kinds of value --------------------------------------------------------------------------------
-
-TEXT, INTEGER, SECONDS, SWITCH = "text", "integer", "seconds", "switch"
-KINDS: dict[str, tuple[tuple[type, ...], str]] = {
-    SWITCH: ((bool,), "true or false"),
-    INTEGER: ((int,), "an integer"),
-    SECONDS: ((int, float), "a number of seconds"),
-    TEXT: ((str,), "a string"),
-}
-"""Each kind's TOML types (exact: a TOML boolean is no integer), and the words for them."""
-METAVARS = {INTEGER: "N", SECONDS: "SECONDS"}
 NODE, LIMITS, OWN = "node", "limits", "own"
 """Where a value goes: the :class:`NodeConfig` field of its name, the :class:`Limits` field of
 its name, or a function of its own below (a setting that makes part of a field, or none)."""
-
-Parse = Callable[[Any, str], Any]
-"""A text setting's check: (its text or None, its flag) -> its value; ConfigError if bad."""
-
-
-def _label(flag: str, value: object) -> str:
-    """Where a bad ``value`` came from: ``--flag / HEADWATER_FLAG``, and the file key if there."""
-    where = f"{flag} / {variable_of(flag)}"
-    return f"{where} / {value.origin}" if isinstance(value, FileValue) else where
-
-
-def variable_of(flag: str) -> str:
-    """The variable beside ``flag``: ``--max-inflight`` -> ``HEADWATER_MAX_INFLIGHT``."""
-    return "HEADWATER_" + flag.lstrip("-").replace("-", "_").upper()
-
-
-def _int_setting(value: str | None, flag: str, low: int, high: int) -> int:
-    try:
-        number = int(value or "")
-    except ValueError:
-        raise ConfigError(f"{_label(flag, value)}: {value!r} is not an integer") from None
-    if not low <= number <= high:
-        raise ConfigError(f"{_label(flag, value)}: {number} is outside {low}..{high}")
-    return number
-
-
-def _seconds_setting(value: str | None, flag: str, high: float) -> float:
-    where = _label(flag, value)
-    try:
-        seconds = float(value or "")
-    except ValueError:
-        raise ConfigError(f"{where}: {value!r} is not a number of seconds") from None
-    if not 0 <= seconds <= high:
-        raise ConfigError(f"{where}: {value} is outside 0..{high:.0f} seconds")
-    return seconds
-
-
-def _switch_setting(value: str, flag: str) -> bool:
-    answer = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
-    if value.lower() not in answer:
-        raise ConfigError(f"{_label(flag, value)}: {value!r} is not yes or no")
-    return answer[value.lower()]
-
-
-def _choice(choices: tuple[str, ...]) -> Parse:
-    """The check of a text naming one of ``choices``, whatever its case."""
-
-    def parse(value: str, flag: str) -> str:
-        chosen = [choice for choice in choices if choice.lower() == str(value).lower()]
-        if not chosen:
-            raise ConfigError(
-                f"{_label(flag, value)}: {value!r} is not one of {', '.join(choices)}"
-            )
-        return chosen[0]
-
-    return parse
-
-
-def _existing_file(path: str | None, flag: str) -> str | None:
-    if path and not os.path.isfile(path):
-        raise ConfigError(f"{_label(flag, path)}: no file {path}")
-    return path
-
-
-def _kafka_config(path: str | None, flag: str) -> dict[str, str]:
-    if not path:
-        return {}
-    try:
-        with open(path, encoding="utf-8") as file:
-            return security_settings(file.read())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{_label(flag, path)}: {exc}") from None
-
-
-def _allow_list(value: str, flag: str) -> AllowList:
-    try:
-        return AllowList.parse(str(value))
-    except ValueError as exc:
-        raise ConfigError(f"{_label(flag, value)}: {exc}") from None
-
-
-def _origins(value: str | None, flag: str) -> frozenset[str]:
-    """Origins as browsers send them (RFC 6454): scheme://host[:port], compared in lower case."""
-    words = (word.strip().rstrip("/").lower() for word in (value or "").split(","))
-    origins = frozenset(word for word in words if word)
-    for origin in origins:
-        scheme, sep, host = origin.partition("://")
-        if not sep or not scheme or not host or "/" in host:
-            raise ConfigError(f"{_label(flag, value)}: {origin!r} is not scheme://host[:port]")
-    return origins
 
 
 # -- the declarations ------------------------------------------------------------------------------
@@ -237,17 +143,18 @@ class Setting:
 
     @property
     def flag_only(self) -> bool:
-        """A switch given bare (``--proxy-protocol``), set by its variable as ``=yes``."""
-        return self.kind == SWITCH and self.default is not None
+        """A switch off by default, given bare (``--proxy-protocol``), set by its variable as
+        ``=yes``; one on by default takes a value (``--client-events no``)."""
+        return self.kind == SWITCH and self.default is False
 
     def value(self, text: str | None) -> Any:
         """``text`` checked and made the setting's value."""
         if self.kind == INTEGER:
-            return _int_setting(text, self.flag, self.low, self.high)
+            return int_setting(text, self.flag, self.low, self.high)
         if self.kind == SECONDS:
-            return _seconds_setting(text, self.flag, self.high)
+            return seconds_setting(text, self.flag, self.high)
         if self.kind == SWITCH:
-            return None if text is None else _switch_setting(text, self.flag)
+            return None if text is None else switch_setting(text, self.flag)
         return self.parse(text, self.flag) if self.parse else text
 
 
@@ -304,16 +211,16 @@ SETTINGS: dict[str, Setting] = {
                 more="`headwater_buffer_pauses_total`"),
         Setting("proxy-allow", TEXT, LOOPBACK, "with --proxy-protocol, the load balancers' "
                 "networks: a connection from any other peer is closed at accept",
-                parse=_allow_list, metavar="CIDR[,CIDR]", more="`proxy_not_allowed`"),
+                parse=allow_list, metavar="CIDR[,CIDR]", more="`proxy_not_allowed`"),
         Setting("ws-origins", TEXT, None, "the WebSocket listeners' allowed Origin headers "
                 "(https://app.example.com); an upgrade with another is answered 403, one without "
                 "any (not a browser) is served; any when unset",
-                parse=_origins, metavar="ORIGIN[,ORIGIN]"),
+                parse=origins, metavar="ORIGIN[,ORIGIN]"),
         Setting("kafka-bootstrap", TEXT, None, "Kafka bootstrap servers, required",
                 required=True),
         Setting("kafka-config", TEXT, None, "a file of librdkafka security settings, key=value "
                 "lines (security.protocol, sasl.*, ssl.*), for every Kafka client of the node",
-                parse=_kafka_config, metavar="FILE",
+                parse=kafka_config, metavar="FILE",
                 more="e.g. `security.protocol=SASL_SSL`, `sasl.mechanism=PLAIN`, "
                 "`sasl.username`, `sasl.password`, `ssl.ca.location`; other keys stop start-up"),
         Setting("redis-url", TEXT, None, "sessions and retained messages; in memory when unset "
@@ -326,6 +233,14 @@ SETTINGS: dict[str, Setting] = {
         Setting("topic", TEXT, MESSAGES_TOPIC, "the log topic"),
         Setting("partitions", INTEGER, DEFAULT_PARTITIONS, "partitions of the log topic",
                 1, 100_000, more="must equal the topic's"),
+        Setting("inbound-topic", TEXT, INBOUND_TOPIC, "Kafka topic whose records (key: MQTT "
+                "topic, value: payload, headers mqtt.qos, mqtt.retain) the nodes relay to MQTT "
+                "subscribers, once; created like the log topic; \"\": none", metavar="TOPIC",
+                parse=checked(inbound_topic_name), more='see "Kafka users"'),
+        Setting("export", LIST, None, "mirror the messages FILTER matches into KAFKA_TOPIC "
+                "(created if missing), JSON or raw, once each; repeatable", metavar="FILTER="
+                "KAFKA_TOPIC[:json|raw]", parse=checked(parse_export, entries=True),
+                more='the variable: one per line; the file: an array; see "Kafka users"'),
         Setting("routing-depth", INTEGER, DEFAULT_ROUTING_DEPTH, "topic levels in the routing "
                 "key", 1, 64, more="hashed to pick a partition"),
         Setting("max-packet-size", INTEGER, DEFAULT_MAX_PACKET_SIZE, "largest accepted packet, "
@@ -361,10 +276,10 @@ SETTINGS: dict[str, Setting] = {
                 more="removed by Redis TTLs, counted by the nodes if Redis has "
                 "`notify-keyspace-events Ex` (nodes set it at start where allowed)"),
         Setting("password-file", TEXT, None, "a mosquitto_passwd file (see `headwater passwd`); "
-                "anonymous clients refused; reread on SIGHUP", parse=_existing_file,
+                "anonymous clients refused; reread on SIGHUP", parse=existing_file,
                 more="which disconnects the clients whose entry is gone or changed"),
         Setting("acl-file", TEXT, None, "a Mosquitto acl_file; reread on SIGHUP",
-                parse=_existing_file, more="unset: all allowed but publishing to `$SYS`"),
+                parse=existing_file, more="unset: all allowed but publishing to `$SYS`"),
         Setting("allow-anonymous", SWITCH, None, "yes or no: clients that prove no identity may "
                 "connect, and get the acl_file's anonymous rules (a user name proves nothing "
                 "without --password-file or --use-identity-as-username); unset: yes without "
@@ -378,10 +293,15 @@ SETTINGS: dict[str, Setting] = {
                 "checks); see Operations"),
         Setting("sys-interval", SECONDS, 10, "seconds between $SYS reports; 0: none",
                 high=86400, more="see Operations"),
+        Setting("client-events", SWITCH, True, "write connected, disconnected (and why), "
+                "subscribed, unsubscribed and session_expired records to the log, on $events/...",
+                more="docs/log.md, Client events"),
+        Setting("drain-timeout", INTEGER, 30, "seconds from SIGTERM or SIGINT to the exit at "
+                "most: a drain not over by then ends the process at once (status 1)", 1, 3600),
         Setting("log-level", TEXT, "INFO", "DEBUG, INFO, WARNING or ERROR", into=OWN,
-                parse=_choice(tuple(logging.getLevelNamesMapping()))),
+                parse=choice(tuple(logging.getLevelNamesMapping()))),
         Setting("log-format", TEXT, "text", "text, or json: one object per line (time, level, "
-                "logger, message, exception)", into=OWN, parse=_choice(LOG_FORMATS),
+                "logger, message, exception)", into=OWN, parse=choice(LOG_FORMATS),
                 more="`time` in ISO 8601 UTC; either way a warning or error repeated within 10 s "
                 "(same logger and message template, e.g. one per client in a Redis outage) is "
                 "written once, then one line says how many more times it came and the last one"),
@@ -403,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         if s.kind == SWITCH:
             shape = {"action": "store_const"} if s.flag_only else {"nargs": "?"}
             shape["const"] = "yes"
+        elif s.kind == LIST:
+            shape["action"] = Append
         note = f"[{s.variable}{'=yes' if s.flag_only else ''}]"
         default = os.environ.get(s.variable, s.text)
         p.add_argument(s.flag, default=default, help=f"{s.help} {note}", **shape)
@@ -481,10 +403,14 @@ class NodeConfig:
     stats_port: int = 0
     sys_interval: float = 0.0
     """Off for a node built in code (tests count their own traffic); the command line's is 10."""
+    client_events: bool = False  # off in code too; the command line's: on
     max_share_groups: int = declared("max-share-groups")
     max_share_groups_per_client: int = declared("max-share-groups-per-client")
     max_retained: int = declared("max-retained")
     max_retained_bytes: int = declared("max-retained-bytes")
+    drain_timeout: int = declared("drain-timeout")
+    inbound_topic: str = ""  # off in code (tests ask for it); the command line's: headwater.inbound
+    export: list[Export] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
 
 
@@ -537,13 +463,13 @@ def value_of(args: argparse.Namespace, name: str) -> Any:
 def _address(value: str, flag: str) -> tuple[str, str]:
     host, sep, port = str(value).rpartition(":")
     if not sep or not host:
-        raise ConfigError(f"{_label(flag, value)}: {value!r} is not host:port")
+        raise ConfigError(f"{label(flag, value)}: {value!r} is not host:port")
     return host, FileValue(port, value.origin) if isinstance(value, FileValue) else port
 
 
 def _listen_setting(value: str, flag: str) -> tuple[str, int]:
     host, port = _address(value, flag)
-    return host, _int_setting(port, flag, 0, 65535)
+    return host, int_setting(port, flag, 0, 65535)
 
 
 def _listeners(args: argparse.Namespace) -> list[Listener]:
@@ -566,7 +492,7 @@ def workers_setting(args: argparse.Namespace, config: NodeConfig) -> int:
     workers: int = value_of(args, "workers")
     if workers == 1:
         return workers
-    where = _label("--workers", args.workers)
+    where = label("--workers", args.workers)
     doors = [Listener("mqtt", config.host, config.port), *config.listeners]
     for door in doors:
         if door.port == 0:
@@ -598,7 +524,7 @@ def anonymous_setting(
     allowed: bool | None = SETTINGS["allow-anonymous"].value(value)
     if acl_file and not password_file and not certificates and allowed is not True:
         raise ConfigError(
-            f"{_label('--acl-file', acl_file)}: without --password-file or "
+            f"{label('--acl-file', acl_file)}: without --password-file or "
             "--use-identity-as-username (and a TLS listener) a user name proves nothing, so "
             "every client would get the acl_file's anonymous rules; give one of them, or "
             "--allow-anonymous yes / HEADWATER_ALLOW_ANONYMOUS=yes if that is what you mean"
@@ -641,7 +567,7 @@ def _tls_setting(args: argparse.Namespace, listeners: list[Listener]) -> TlsFile
     for name in ("certfile", "keyfile"):
         if not getattr(args, name):
             raise ConfigError(f"--{name} / {variable_of(name)} is required by {secure[0]}")
-        _existing_file(getattr(args, name), f"--{name}")
+        existing_file(getattr(args, name), f"--{name}")
     identity = bool(value_of(args, "use-identity-as-username"))
     required = bool(value_of(args, "require-certificate")) or identity
     if required and not args.cafile:
@@ -650,7 +576,7 @@ def _tls_setting(args: argparse.Namespace, listeners: list[Listener]) -> TlsFile
     return TlsFiles(
         args.certfile,
         args.keyfile,
-        _existing_file(args.cafile, "--cafile"),
+        existing_file(args.cafile, "--cafile"),
         require_certificate=required,
         use_identity_as_username=identity,
     )

@@ -27,17 +27,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from frontend.config import (
-    INTEGER,
-    KINDS,
-    SECONDS,
-    SETTINGS,
-    SWITCH,
-    ConfigError,
-    FileValue,
-    Setting,
-    build_parser,
-)
+from frontend.config import SETTINGS, Setting, build_parser
+from frontend.values import INTEGER, KINDS, LIST, SECONDS, SWITCH, ConfigError, FileValue
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "headwater.example.toml"
@@ -107,6 +98,10 @@ def _text(value: object, kind: str, origin: str) -> str:
         raise ConfigError(f"{origin}: {value!r} is not {expected}")
     if kind == SWITCH:
         return "yes" if value else "no"
+    if kind == LIST:
+        if not all(isinstance(entry, str) for entry in value):  # type: ignore[attr-defined]
+            raise ConfigError(f"{origin}: {value!r} is not {expected}")
+        return "\n".join(value)  # type: ignore[arg-type]
     return str(value)
 
 
@@ -131,7 +126,7 @@ def render_example() -> str:
 def _example_line(setting: Setting) -> str:
     key, default = setting.name, setting.default
     if default is None:
-        unset = "true" if setting.kind == SWITCH else '""'  # a TOML value of the key's type
+        unset = {SWITCH: "true", LIST: "[]"}.get(setting.kind, '""')  # a TOML value of its type
         return f"# {key} = {unset}"
     if isinstance(default, bool):
         return f"{key} = {'true' if default else 'false'}"

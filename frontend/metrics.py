@@ -103,6 +103,15 @@ COUNTERS = {
     "wills_published": "Wills published.",
     "orphaned_wills_published": "Wills of connections whose node died, published here.",
     "wills_lost": "Wills the producer could not take.",
+    "inbound_relayed": "Records of the inbound topic this node copied into the log.",
+    "inbound_skipped_no_topic": "Inbound records skipped: no key (the MQTT topic).",
+    "inbound_skipped_bad_topic": "Inbound records skipped: a key that is no topic a client may "
+    "publish to (not UTF-8, empty, wildcards, $, too long or deep).",
+    "inbound_skipped_bad_header": "Inbound records skipped: mqtt.qos not 0-2 or mqtt.retain not "
+    "0/1.",
+    "exported": "Messages this node copied into --export topics.",
+    "export_undecodable": "Log records the exports could not decode (skipped).",
+    "relay_transactions_aborted": "Relay transactions aborted (their batch copied again).",
 }
 
 GAUGES = {

@@ -14,7 +14,8 @@ rereads the password and ACL files (``frontend.auth``) and disconnects the clien
 password entry is gone or changed.  SIGINT and SIGTERM drain the node
 (:meth:`Node.stop`): ``/ready`` says "draining" at once and the listeners close, the PUBLISHes
 already given to Kafka get their PUBACK/PUBREC, every client is closed (its persistent session
-stored by the release path), then the producer is flushed and the process exits 0.
+stored by the release path), then the producer is flushed and the process exits 0, all within
+``--drain-timeout`` (:func:`watch_drain` ends a process whose drain is not over by then).
 ``--workers N`` runs the node as N such processes sharing its ports (``frontend.workers``).
 """
 
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
@@ -39,18 +41,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
-from frontend import listeners
+from frontend import events, listeners
 from frontend.auth import Auth
 from frontend.buffers import Budget
 from frontend.cluster import Coordinator
-from frontend.config import (
-    ConfigError,
-    Listener,
-    NodeConfig,
-    config_from_args,
-    log_settings,
-    workers_setting,
-)
+from frontend.config import Listener, NodeConfig, config_from_args, log_settings, workers_setting
 from frontend.config_file import parse_args
 from frontend.connection import MqttConnection, Services
 from frontend.logs import setup_logging
@@ -65,12 +60,14 @@ from frontend.sessions.redis import RedisClient, RedisSessionStore
 from frontend.sessions.store import MemorySessionStore, SessionStore
 from frontend.stats import serve_stats, snapshot
 from frontend.systree import SysTree
+from frontend.values import ConfigError
 from frontend.workers import run_workers
 from mqttcore.codec import ConnectBounds
 from router.dispatch import Dispatcher
 from router.log import KafkaLog, LogSettings
 from router.partitioner import Router
 from router.record import wall_clock_stamps
+from router.relays import Relays, RelaysConfig, RelaySettings
 from router.shared import ShareLimits
 
 log = logging.getLogger("headwater.node")
@@ -94,8 +91,17 @@ DRAIN_STOPS = 15.0
 """Seconds the parts of a node get, together, to stop once its clients are closed; one that
 has not stopped by then is left, named in the log, and the node exits anyway: a drain ends."""
 
+FLUSH_WAIT = 10.0
+"""Seconds the producer's flush may take in a drain: a third of the parts' time at most, so a
+Kafka that does not answer leaves the consumers and the coordinator theirs."""
+
 DRAIN_POLL = 0.01
 """Seconds between two looks at the connections during a drain."""
+
+DRAIN_EXIT = 3.0
+"""Seconds of ``--drain-timeout`` kept for the process to exit once the node has stopped.  The
+rest is the drain's budget: the PUBLISHes and the releases get a third of it each at most (so a
+client that never answers leaves the parts their time), the parts what is left."""
 
 CLUSTER_SPARE_CONNECTIONS = 8
 """Connections per Redis Cluster node beyond the node's share of commands: subscriptions and
@@ -135,6 +141,7 @@ class Node:
             self.systree.serving(retained or MemoryRetainedStore(self.retained_limits)),
             self.dispatcher,
             self.log,
+            events.Events(stamps, self.log, config.client_events),
         )
         self.services = Services(
             stamps,
@@ -144,7 +151,6 @@ class Node:
             auth or node_auth(config),
             self.log,
             self.sessions,
-            self.dispatcher,
         )
         self.services.connect_bounds = ConnectBounds(config.max_connect_size, config.max_will_size)
         self.services.buffers = Budget(config.max_buffered_bytes)
@@ -162,6 +168,15 @@ class Node:
             proxy_allow=config.proxy_allow,
             ws_origins=config.ws_origins,
             max_connections=config.max_connections,
+        )
+        self.relays = Relays(
+            RelaysConfig(config.topic, config.partitions, config.inbound_topic, config.export),
+            RelaySettings(config.kafka_bootstrap, config.node_id, config.kafka_config),
+            self.router,
+            wall_clock_stamps(config.node_id),
+            lambda message, partition, offset: self.sessions.retained.apply(
+                message, partition, offset
+            ),
         )
         self.endpoints = [Listener("mqtt", config.host, config.port), *config.listeners]
         """Every front door; the ports chosen for port 0 are written back at start."""
@@ -181,6 +196,7 @@ class Node:
             await self.sessions.coordinator.sweep_dead_nodes()
         self.sessions.start()
         self.systree.start()
+        await self.relays.start()
         for listener in self.endpoints:
             self._servers.append(
                 await listeners.serve(listener, self.doors, LISTEN_BACKLOG, self.config.reuse_port)
@@ -221,6 +237,7 @@ class Node:
             sessions.release_requested,
             sessions.wills.publish_orphaned,
             sessions.taken_elsewhere,
+            sessions.events.session_expired,
         )
         retained = RedisRetainedStore(
             client, self.config.routing_depth, prefix, self.retained_limits
@@ -264,7 +281,8 @@ class Node:
         auth.reload()
         revoked = [c for c in self.connections if c.login and not auth.still_passes(c.login)]
         for connection in revoked:
-            connection.shutdown("credentials no longer valid after a reload")  # will published
+            # will published
+            connection.shutdown("credentials no longer valid after a reload", events.NOT_AUTHORIZED)
         auth.revoked += len(revoked)
         if revoked:
             log.info("reload: %d clients disconnected, their credentials gone", len(revoked))
@@ -278,6 +296,7 @@ class Node:
             self.services,
             doors=self.doors,
             retained=self.retained_limits,
+            relays=self.relays.counts(),
         )
 
     def not_ready(self) -> list[str]:
@@ -299,8 +318,12 @@ class Node:
         stored by the release path (up to ``DRAIN_RELEASES``), and the producer is flushed.
 
         A close by the server publishes the client's will: MQTT 3.1.1 deletes a will only on
-        DISCONNECT from the client [MQTT-3.1.2-8], and a drain is no such thing."""
+        DISCONNECT from the client [MQTT-3.1.2-8], and a drain is no such thing.
+
+        Each step ends by ``--drain-timeout`` less ``DRAIN_EXIT`` at the latest; a process
+        also has :func:`watch_drain`, for what no step's bound can end (a blocked loop)."""
         started = time.monotonic()
+        budget = max(0.0, self.config.drain_timeout - DRAIN_EXIT)
         self.services.draining = True
         for server in self._servers:
             server.close()
@@ -308,11 +331,16 @@ class Node:
         for connection in list(self.connections):
             connection.update_reading()  # no connection reads any more
         pending = sum(c.channel.pending_publishes for c in self.connections)
-        closed, unfinished, persistent = await close_when_acknowledged(self.connections)
-        stored = await wait_released(self.connections, self.sessions, persistent)
+        acknowledged_by = started + min(DRAIN_PUBLISHES, budget / 3)
+        closed, unfinished, persistent = await close_when_acknowledged(
+            self.connections, acknowledged_by
+        )
+        released_by = time.monotonic() + min(DRAIN_RELEASES, budget / 3)
+        stored = await wait_released(self.connections, self.sessions, persistent, released_by)
         if self._stats_server is not None:
             self._stats_server.close()
-        await self._stop_parts()
+        self.sessions.events.close()  # every client is gone; the log stops next
+        await self._stop_parts(min(time.monotonic() + DRAIN_STOPS, started + budget))
         self.services.auth.close()
         log.info(
             "node %s drained in %.2f s: %d clients closed, %d of %d sessions stored, "
@@ -321,14 +349,14 @@ class Node:
             max(0, pending - unfinished), unfinished,
         )  # fmt: skip
 
-    async def _stop_parts(self) -> None:
+    async def _stop_parts(self, deadline: float) -> None:
         """Stop $SYS, the sessions' saver, the log, the coordinator, Redis and the listeners,
-        in that order, within ``DRAIN_STOPS`` seconds in all."""
-        deadline = time.monotonic() + DRAIN_STOPS
+        in that order, by ``deadline`` (``time.monotonic()``) in all."""
         parts: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("$SYS", self.systree.stop),
             ("the sessions' saver", self.sessions.stop),
-            ("the log", self.log.stop),
+            ("the relays", self.relays.stop),
+            ("the log", lambda: self.log.stop(min(FLUSH_WAIT, self._left(deadline) / 3))),
         ]
         if self.sessions.coordinator is not None:
             parts.append(("the cluster coordinator", self.sessions.coordinator.stop))
@@ -337,12 +365,16 @@ class Node:
         parts += [("a listener", server.wait_closed) for server in self._servers]
         for name, stop in parts:
             try:
-                await asyncio.wait_for(stop(), max(0.0, deadline - time.monotonic()))
+                await asyncio.wait_for(stop(), self._left(deadline))
             except TimeoutError:
                 log.warning(
                     "node %s: %s did not stop in time; exiting anyway; still waiting:\n%s",
                     self.config.node_id, name, still_waiting(),
                 )  # fmt: skip
+
+    @staticmethod
+    def _left(deadline: float) -> float:
+        return max(0.0, deadline - time.monotonic())
 
 
 def still_waiting() -> str:
@@ -354,10 +386,18 @@ def still_waiting() -> str:
             frames = task.get_stack()
             where = "".join(traceback.format_stack(frames[-1], 1)) if frames else "(no frame)\n"
             lines.append(f"task {task.get_name()}: {task.get_coro()!r} at {where.strip()}")
+    return "\n".join([*lines, threads_now()])
+
+
+def threads_now() -> str:
+    """Where every thread but this one is now."""
+    lines: list[str] = []
     current = threading.get_ident()
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
         if ident != current:
-            lines.append(f"thread {ident}: {''.join(traceback.format_stack(frame, 3)).strip()}")
+            where = "".join(traceback.format_stack(frame, 3)).strip()
+            lines.append(f"thread {names.get(ident, ident)}: {where}")
     return "\n".join(lines)
 
 
@@ -383,11 +423,12 @@ class QueuedCluster(RedisCluster):
             self._turns.release()
 
 
-async def close_when_acknowledged(connections: set[MqttConnection]) -> tuple[int, int, list[str]]:
+async def close_when_acknowledged(
+    connections: set[MqttConnection], deadline: float
+) -> tuple[int, int, list[str]]:
     """Stop reading every client and close each as soon as none of its PUBLISHes awaits the
-    log (at ``DRAIN_PUBLISHES`` at the latest).  How many were closed, how many PUBLISHes were
-    left unacknowledged, and the client ids of the persistent sessions closed."""
-    deadline = time.monotonic() + DRAIN_PUBLISHES
+    log (at ``deadline``, ``time.monotonic()``, at the latest).  How many were closed, how many
+    PUBLISHes were left unacknowledged, and the client ids of the persistent sessions closed."""
     waiting = set(connections)
     closed = unfinished = 0
     persistent: list[str] = []
@@ -412,21 +453,25 @@ async def close_when_acknowledged(connections: set[MqttConnection]) -> tuple[int
 
 
 async def wait_released(
-    connections: set[MqttConnection], sessions: SessionManager, persistent: list[str]
+    connections: set[MqttConnection],
+    sessions: SessionManager,
+    persistent: list[str],
+    deadline: float,
 ) -> int:
-    """Wait (up to ``DRAIN_RELEASES`` seconds) for the closed ``connections`` to go and the
-    sessions of ``persistent`` to be stored; how many were."""
-    deadline = time.monotonic() + DRAIN_RELEASES
-    while connections and time.monotonic() < deadline:
-        await asyncio.sleep(DRAIN_POLL)
+    """Wait (until ``deadline``, ``time.monotonic()``) for the sessions of ``persistent`` to be
+    stored and the closed ``connections`` to go; how many sessions were stored.  A session not
+    stored yet goes on being stored while the node's parts stop (``SessionManager.stop``); a
+    connection still open then is aborted: its client does not read what was written to it,
+    and a transport closes only once its buffer is written."""
     releasing = sessions.saver.releasing
     tasks = [releasing[c] for c in persistent if c in releasing]
     if tasks:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*tasks, return_exceptions=True),
-                max(0.0, deadline - time.monotonic()),
-            )
+        await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
+    while connections and time.monotonic() < deadline:
+        await asyncio.sleep(DRAIN_POLL)
+    for connection in list(connections):
+        if connection.transport is not None:
+            connection.transport.abort()
     failed = sum(1 for t in tasks if not t.done() or t.cancelled() or t.exception())
     return len(persistent) - failed
 
@@ -476,7 +521,43 @@ async def serve(config: NodeConfig) -> None:
     loop.add_signal_handler(signal.SIGHUP, node.reload)
     await stop.wait()
     log.info("node %s draining", config.node_id)
+    watch_drain(config.drain_timeout, config.node_id)
     await node.stop()
+
+
+DRAIN_EXPIRED = 1
+"""The exit status of a process whose drain ran out of ``--drain-timeout``."""
+
+DRAIN_REPORT = 1.0
+"""Seconds the report of an expired drain may take (a stderr nobody reads blocks it)."""
+
+
+def watch_drain(seconds: float, node_id: str) -> threading.Timer:
+    """The drain's bound for the whole process, kept by a thread of its own: no step's bound
+    ends a drain whose event loop is blocked (librdkafka's synchronous commit, waiting on a
+    stalled broker, held one for good), nor the exit's wait for threads.  If the process is
+    still there ``seconds`` after the drain began, where each thread is goes to the log and it
+    exits at once with ``DRAIN_EXPIRED``."""
+
+    def expire() -> None:
+        reporter = threading.Thread(
+            target=_report_expired, args=(seconds, node_id), name="drain-expired", daemon=True
+        )
+        reporter.start()
+        reporter.join(DRAIN_REPORT)
+        os._exit(DRAIN_EXPIRED)
+
+    timer = threading.Timer(seconds, expire)
+    timer.name, timer.daemon = "drain-watch", True
+    timer.start()
+    return timer
+
+
+def _report_expired(seconds: float, node_id: str) -> None:
+    log.error(
+        "node %s: the drain did not end within %g s (--drain-timeout); exiting now; threads:\n%s",
+        node_id, seconds, threads_now(),
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

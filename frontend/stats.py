@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from frontend.connection import Services
@@ -40,6 +40,7 @@ def snapshot(
     *,
     doors: Doors,
     retained: RetainedLimits,
+    relays: Mapping[str, int],
 ) -> dict[str, Any]:
     reader, counters, sessions = klog.reader, dispatcher.counters, services.sessions
     traffic = services.traffic
@@ -110,6 +111,7 @@ def snapshot(
         "session_takeovers": sessions.takeovers,
         "session_takeovers_forced": sessions.takeovers_forced,
         "session_takeovers_refused": sessions.takeovers_refused,
+        **relays,
     }
 
 

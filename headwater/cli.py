@@ -54,6 +54,17 @@ def _workers(text: str) -> int:
     return value
 
 
+def _export(text: str) -> str:
+    """An `--export` as a node takes it, checked now: a bad one stops `dev up` before it starts."""
+    from router.relays import RelayError, parse_export
+
+    try:
+        parse_export(text)
+    except RelayError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _dev_up(args: argparse.Namespace) -> int:
     from headwater.devcluster.up import UpOptions, run_up
 
@@ -70,6 +81,7 @@ def _dev_up(args: argparse.Namespace) -> int:
         password_file=args.password_file,
         acl_file=args.acl_file,
         workers=args.workers,
+        exports=tuple(args.export),
     )
     return run_up(options)
 
@@ -133,9 +145,10 @@ def run_frontend(argv: list[str]) -> int:
 
 
 def run_analytics(argv: list[str]) -> int:
-    """Run a Spark analytics job; its flags are parsed by spark_streaming.cli. Without
-    `--bootstrap` and HEADWATER_KAFKA_BOOTSTRAP, the job reads the Kafka of the dev cluster running
-    from `.headwater` (what `make run` starts, on a port of its own choosing)."""
+    """Run a Spark analytics job (built in, `sql QUERY` or `run FILE`); its flags are parsed by
+    spark_streaming.cli. Without `--bootstrap` and HEADWATER_KAFKA_BOOTSTRAP, the job reads the
+    Kafka of the dev cluster running from `.headwater` (what `make run` starts, on a port of its
+    own choosing)."""
     from headwater.devcluster.state import running_kafka
     from spark_streaming.cli import main as analytics_main
 
@@ -192,6 +205,14 @@ def _add_dev(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         type=_workers,
         default=1,
         help="processes per front-end node sharing its ports, one per core (default 1)",
+    )
+    up.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        type=_export,
+        metavar="FILTER=KAFKA_TOPIC[:json|raw]",
+        help="every node mirrors the messages FILTER matches into KAFKA_TOPIC (repeatable)",
     )
     up.add_argument("--foreground", action="store_true", help="the default: stay attached")
     up.set_defaults(handler=_dev_up)
@@ -278,7 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_stats(commands)
     _add_certs(commands)
     commands.add_parser("frontend", help="run one front-end node (flags: see frontend --help)")
-    commands.add_parser("analytics", help="run a Spark job on the log (see analytics --help)")
+    commands.add_parser(
+        "analytics", help="a Spark job or your own SQL on the log (see analytics --help)"
+    )
     commands.add_parser("passwd", help="manage a Mosquitto password file (see passwd --help)")
     return parser
 

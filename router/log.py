@@ -202,6 +202,8 @@ class KafkaLog:
         self.on_served: Callable[[], None] = lambda: None
         """Called after a pump's turn that served something (the node writes out then)."""
         self._outbox = Outbox()
+        self._urgent = False
+        """The outbox holds a record that wakes a quiet pump once handed over."""
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -309,11 +311,16 @@ class KafkaLog:
     # -- writing ------------------------------------------------------------------------------
 
     def produce(
-        self, message: Message, on_delivery: DeliveryCallback | None, kind: str = record.CLIENT
+        self,
+        message: Message,
+        on_delivery: DeliveryCallback | None,
+        kind: str = record.CLIENT,
+        urgent: bool = True,
     ) -> bool:
         """Queue ``message`` for the log, with its headers (``kind`` says who wrote it: one of
         ``router.record.KINDS``) and its own time as the record's timestamp; False if the
-        producer queue is full (retry later)."""
+        producer queue is full (retry later).  ``urgent`` False: nothing waits for it (its
+        report, or reading it back), so it does not wake a quiet pump (``frontend.events``)."""
         producer = self._producer
         assert producer is not None
         outbox = self._outbox
@@ -325,6 +332,7 @@ class KafkaLog:
             partition, record.encode(message), key, reporter, on_delivery,
             record.headers(message, kind), message.timestamp_ms,
         )  # fmt: skip
+        self._urgent |= urgent
         if len(outbox) == 1 and self._loop is not None:
             self._loop.call_soon(self._send_outbox)
         return True
@@ -352,8 +360,9 @@ class KafkaLog:
                 log.warning("a QoS 0 message was refused by the producer: %s", error)
             else:
                 sender(partition, -1, error)
-        if self._idle_looks >= PUMP_QUIET_AFTER:  # their delivery reports are due soon
+        if self._urgent and self._idle_looks >= PUMP_QUIET_AFTER:  # reports are due soon
             self._wake_pump()
+        self._urgent = False
 
     def _wake_pump(self) -> None:
         self._idle_looks = 0

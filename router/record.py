@@ -57,7 +57,10 @@ INBOUND = "inbound"
 """A record a Kafka producer wrote to the inbound topic, copied into the log by a node's relay."""
 ANALYTICS = "analytics"
 """A result of a Spark job, written by its MQTT sink (``spark_streaming.mqtt_sink``)."""
-KINDS = (CLIENT, WILL, SYS, RETAINED_CLEAR, INBOUND, ANALYTICS)
+EVENT = "event"
+"""A client event (connected, disconnected, subscribed, ...) on ``$events/<event>``, written by
+the node it happened on; the payload is a JSON object (``docs/log.md``)."""
+KINDS = (CLIENT, WILL, SYS, RETAINED_CLEAR, INBOUND, ANALYTICS, EVENT)
 
 TOPIC_HEADER = "mqtt.topic"
 QOS_HEADER = "mqtt.qos"

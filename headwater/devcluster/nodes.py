@@ -73,6 +73,8 @@ class NodeSpec:
     security: NodeSecurity = field(default_factory=NodeSecurity)
     workers: int = 1
     """Processes of the node (``--workers``); worker i answers HTTP on ``stats_port + i-1``."""
+    exports: tuple[str, ...] = ()
+    """``--export`` settings (``FILTER=KAFKA_TOPIC[:json|raw]``), given to every node alike."""
 
     @property
     def address(self) -> str:
@@ -109,6 +111,7 @@ class NodeSpec:
             "--stats-listen", f"{LOOPBACK}:{self.stats_port}",
             "--workers", str(self.workers),
             *self.security.argv(),
+            *(arg for export in self.exports for arg in ("--export", export)),
         ]  # fmt: skip
 
     def _listener_args(self) -> list[str]:
@@ -126,6 +129,7 @@ def node_specs(
     ws: bool = False,
     security: NodeSecurity | None = None,
     workers: int = 1,
+    exports: tuple[str, ...] = (),
 ) -> list[NodeSpec]:
     """`count` nodes named node0.., each on fresh loopback ports: plain MQTT and stats (one
     per worker, consecutive), plus TLS and WebSocket where asked."""
@@ -143,6 +147,7 @@ def node_specs(
                 ws_port=ws_port if ws else 0,
                 security=shared,
                 workers=workers,
+                exports=exports,
             )
         )  # fmt: skip
     return specs

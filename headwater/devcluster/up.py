@@ -38,7 +38,8 @@ from types import FrameType
 from typing import TextIO
 
 from frontend.auth import anonymous_allowed, anonymous_rule
-from frontend.config import SETTINGS, ConfigError, anonymous_setting
+from frontend.config import SETTINGS, anonymous_setting
+from frontend.values import ConfigError
 from headwater.certs import DevCerts, ensure_dev_certs
 from headwater.devcluster.nodes import NodeSecurity, NodeSpec, launch_node, node_specs, wait_node
 from headwater.devcluster.state import (
@@ -78,8 +79,8 @@ READY_LINE = "headwater: ready (Ctrl-C to stop)"
 WATCH_INTERVAL = 0.2
 """Seconds between two looks at the children."""
 NODE_STOP_TIMEOUT = 35.0
-"""Seconds a node has to drain before SIGKILL: longer than its longest drain (``frontend.node``:
-``DRAIN_PUBLISHES`` + ``DRAIN_RELEASES`` + the producer's flush, 10 s each); usually < 1 s."""
+"""Seconds a node has to drain before SIGKILL: longer than its longest drain (``--drain-timeout``,
+30 s by default, after which a node ends itself, ``frontend.node.watch_drain``); usually < 1 s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,8 @@ class UpOptions:
     acl_file: Path | None = None
     workers: int = 1
     """Processes per front-end node (`--workers`); HAProxy still has one server per node."""
+    exports: tuple[str, ...] = ()
+    """Every node's `--export FILTER=KAFKA_TOPIC[:json|raw]` (`router.relays`)."""
 
     def public_ports(self) -> list[tuple[int, str]]:
         """HAProxy's ports that are on, each with the setting that names it."""
@@ -274,6 +277,7 @@ class DevCluster:
             ws=bool(options.ws_port),
             security=self.node_security(),
             workers=options.workers,
+            exports=options.exports,
         )
         log_dir = self.state_dir / "nodes"
         for spec in specs:

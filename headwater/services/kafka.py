@@ -172,6 +172,9 @@ def render_server_properties(
         "transaction.state.log.replication.factor": str(internal.factor),
         "transaction.state.log.min.isr": str(internal.min_insync),
         "transaction.state.log.num.partitions": "4",
+        # a node killed inside a relay's transaction holds back the read_committed readers of
+        # the log until the broker aborts it: scan for timed-out ones every second, not 10 s
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
         "share.coordinator.state.topic.replication.factor": str(internal.factor),
         "share.coordinator.state.topic.min.isr": str(internal.min_insync),
     }

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from frontend.config import ConfigError, build_parser, config_from_args
+from frontend.config import build_parser, config_from_args
+from frontend.values import ConfigError
 from headwater.services.kafka import LocalKafka
 from headwater.services.kafka_admin import ensure_topic
 from headwater.services.redis_server import LocalRedis

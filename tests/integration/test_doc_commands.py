@@ -62,6 +62,7 @@ PLAN: dict[str, Plan] = {
     # README
     "make run": SKIP_MAKE,
     "make test": SKIP_MAKE,
+    "make run RUN_ARGS=\"--export 'plant/#=plant.json:json'\"": SKIP_MAKE,
     "mosquitto_sub --cafile .headwater/certs/ca.crt -h 127.0.0.1 -p 8883 -t '#' -v": Plan(
         "stays", "t over-tls"
     ),
@@ -107,6 +108,8 @@ PLAN: dict[str, Plan] = {
     ),
     "headwater analytics top_publishers --window '5 minutes' --top 20": FLAGS,
     "make analytics ANALYTICS_JOB=device_silence": FLAGS,
+    'headwater analytics sql "SELECT client_id, count(*) FROM messages GROUP BY client_id" '
+    "--trigger available-now": FLAGS,
     # docs/analytics.md
     "make install": Plan("skip", "installs packages on the machine: the suite runs on its result"),
     "headwater analytics traffic": FLAGS,
@@ -126,6 +129,20 @@ PLAN: dict[str, Plan] = {
     "--bootstrap kafka-1:9092,kafka-2:9092 --sink parquet --output hdfs:///headwater/traffic "
     "--checkpoint hdfs:///headwater/checkpoints/traffic": SKIP_CLUSTER,
     ".venv/bin/pytest -m spark tests/spark": Plan("skip", "the Spark tests themselves"),
+    # docs/analytics.md, your own jobs
+    "mosquitto_pub -p 1883 -i dev1 -t plant/dev1/temp -m '{\"c\": 21}'": Plan("run"),
+    "mosquitto_pub -p 1883 -i dev1 -t plant/dev1/temp -m '{\"c\": 23}'": Plan("run"),
+    'headwater analytics sql "SELECT topic, count(*), avg(CAST(get_json_object(CAST(payload AS '
+    "STRING), '$.c') AS DOUBLE)) FROM messages GROUP BY topic\" --trigger available-now": FLAGS,
+    'headwater analytics sql "SELECT client_id, event FROM events WHERE client_id = '
+    "'dev1'\" --trigger available-now": FLAGS,
+    "headwater analytics sql devices_online.sql --trigger available-now": FLAGS,
+    "headwater analytics sql device_stats.sql --window '1 minute' --trigger available-now": FLAGS,
+    "headwater analytics sql device_stats.sql --sink parquet --output .headwater/analytics/stats "
+    "--checkpoint .headwater/analytics/stats.ckpt": FLAGS,
+    "headwater analytics run per_device.py --trigger available-now": Plan(
+        "skip", "runs the file shown above; tests/spark/test_user_jobs.py runs a job file"
+    ),
 }
 
 

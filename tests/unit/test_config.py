@@ -11,12 +11,9 @@ from pathlib import Path
 import pytest
 
 from frontend.config import (
-    INTEGER,
     LIMITS,
     NODE,
     SETTINGS,
-    TEXT,
-    ConfigError,
     NodeConfig,
     Setting,
     build_parser,
@@ -25,6 +22,7 @@ from frontend.config import (
     log_settings,
 )
 from frontend.config_file import README, keys, parse_args, render_example, render_table, with_table
+from frontend.values import INTEGER, TEXT, ConfigError
 from headwater.devcluster.up import UpOptions, anonymous_line
 from headwater.errors import SettingError
 from mqttcore.channel import Limits
@@ -239,11 +237,11 @@ def test_help_names_every_variable_and_switches_say_yes() -> None:
 
 def test_a_node_built_in_code_gets_the_declared_defaults() -> None:
     """What ``NodeConfig(...)`` leaves out is what the command line would give (but ``$SYS``
-    reports and the inbound relay, off in code), and its limits are those of ``--max-inflight``
-    and the like."""
+    reports, the inbound relay and client events, off in code), and its limits are those of
+    ``--max-inflight`` and the like."""
     config = NodeConfig("n", "h", 0, "k", None, "t", 1)
     given = {"node_id", "kafka_bootstrap", "redis_url", "topic", "partitions", "sys_interval"}
-    given.add("inbound_topic")
+    given |= {"inbound_topic", "client_events"}
     for s in SETTINGS.values():
         if s.into == NODE and s.dest not in given:
             assert getattr(config, s.dest) == declared(s.name), s.name

@@ -10,14 +10,9 @@ import resource
 import pytest
 
 from frontend.buffers import DEFAULT_MAX_BUFFERED_BYTES
-from frontend.config import (
-    FILE_RESERVE,
-    ConfigError,
-    NodeConfig,
-    build_parser,
-    config_from_args,
-)
+from frontend.config import FILE_RESERVE, NodeConfig, build_parser, config_from_args
 from frontend.config_file import parse_args
+from frontend.values import ConfigError
 from mqttcore.codec import DEFAULT_MAX_CONNECT_SIZE, DEFAULT_MAX_WILL_SIZE
 
 REQUIRED = ["--node-id", "n1", "--kafka-bootstrap", "k:9092"]

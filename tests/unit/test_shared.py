@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from frontend.config import ConfigError, config_from_args
+from frontend.config import config_from_args
 from frontend.config_file import parse_args
+from frontend.values import ConfigError
 from mqttcore.channel import AddSubscriptions
 from mqttcore.packets import SUBACK_FAILURE
 from mqttcore.session import Session

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from frontend.config import ConfigError, build_parser, config_from_args
+from frontend.config import build_parser, config_from_args
 from frontend.retained import MemoryRetainedStore, RetainedStore
 from frontend.systree import (
     LOADS,
@@ -21,6 +21,7 @@ from frontend.systree import (
     sample,
     wants_totals,
 )
+from frontend.values import ConfigError
 from mqttcore.message import Message, MessageStamps
 from mqttcore.session import Session
 from router.dispatch import Dispatcher

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from frontend.config import ConfigError, NodeConfig, config_from_args, workers_setting
+from frontend.config import NodeConfig, config_from_args, workers_setting
 from frontend.config_file import parse_args
+from frontend.values import ConfigError
 from frontend.workers import (
     BACKOFF_FIRST,
     BACKOFF_MOST,
