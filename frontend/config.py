@@ -61,7 +61,7 @@ from frontend.values import (
 from mqttcore.channel import Limits
 from mqttcore.codec import DEFAULT_MAX_CONNECT_SIZE, DEFAULT_MAX_WILL_SIZE
 from router.partitioner import DEFAULT_ROUTING_DEPTH
-from router.relays import INBOUND_TOPIC, Export, inbound_topic_name, parse_export
+from router.relay_records import INBOUND_TOPIC, Export, inbound_topic_name, parse_export
 from router.shared import DEFAULT_MAX_SHARE_GROUPS, DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT
 from router.topics import DEFAULT_PARTITIONS, MAX_RECORD_BYTES, MESSAGES_TOPIC
 

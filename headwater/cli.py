@@ -56,7 +56,7 @@ def _workers(text: str) -> int:
 
 def _export(text: str) -> str:
     """An `--export` as a node takes it, checked now: a bad one stops `dev up` before it starts."""
-    from router.relays import RelayError, parse_export
+    from router.relay_records import RelayError, parse_export
 
     try:
         parse_export(text)

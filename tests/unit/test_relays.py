@@ -13,7 +13,7 @@ from frontend.config import config_from_args
 from frontend.config_file import parse_args
 from frontend.values import ConfigError
 from mqttcore.message import MessageStamps
-from router.relays import Export, RelayError, inbound_message, json_value, parse_export
+from router.relay_records import Export, RelayError, inbound_message, json_value, parse_export
 
 STAMPS = MessageStamps("n1", lambda: 1_700_000_000_000, b"\x00" * 8)
 
