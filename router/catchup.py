@@ -165,6 +165,12 @@ class CatchUp:
                         del self._by_partition[partition]
             self._changed = True
 
+    def stop(self) -> None:
+        """The log stops: every replay still waiting fails now, rather than wait for a pump
+        that will not turn again."""
+        for cursor in self.cursors:
+            self._finish(cursor, ConnectionError("the log stopped"))
+
     def serve(self) -> bool:
         """Wake cursors that have room again, read what is fetched, re-aim the consumer."""
         if not self.cursors and not self._reading:

@@ -26,9 +26,7 @@ fails its sessions (``router.catchup``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -38,7 +36,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from router import record
 from router.catchup import CatchUp, Take
 from router.record import Record
-from router.retry import Backoff, Retries
+from router.retry import Backoff, Retries, close_aside
 from router.shared import ShareGroup
 
 log = logging.getLogger("headwater.log")
@@ -48,6 +46,13 @@ CATCH_UP_BATCH = 100
 whose range holds it, so a turn costs up to this many deliveries: small turns keep the loop's
 iterations short (the PUBACKs of connected subscribers are read between them), where a turn of
 1,000 took 10-15 ms and a subscriber that fell behind at 20,000 msg/s never got back."""
+
+
+CLOSE_WAIT = 5.0
+"""Seconds a stopping reader waits for its consumers to commit last and close; one still at it
+then is left to its thread (a broker that does not answer holds up neither a drain nor the
+process's exit).  A share group's consumer that is left so has not committed its last offsets:
+the group's next reader reads those records again (at least once, as after a crash)."""
 
 
 class LogReader:
@@ -75,15 +80,21 @@ class LogReader:
         self.catch_up = CatchUp(catch_up, self.topic, CATCH_UP_BATCH, self._decode, self.retries)
 
     async def stop(self) -> None:
+        """Close every consumer at once, each aside (``router.retry.close_aside``), and wait
+        for them up to ``CLOSE_WAIT``; the replays still waiting fail (nothing serves them
+        any more)."""
         for group in list(self.shares):
             self.forget(group)
-        if self._leaving:
-            await asyncio.gather(*self._leaving, return_exceptions=True)
+        closing: list[asyncio.Future[None]] = [*self._leaving]
         for consumer in (self._live, self.catch_up.consumer if self.catch_up else None):
-            if consumer is not None:  # closing leaves the broker politely: not on the loop
-                await close_aside(consumer)
+            if consumer is not None:
+                closing.append(close_aside(consumer))
+        if self.catch_up is not None:
+            self.catch_up.stop()
         self._live = None
         self.catch_up = None
+        if closing:
+            await asyncio.wait(closing, timeout=CLOSE_WAIT)
 
     def serve(self) -> bool:
         """One non-blocking look at every consumer; True if any had something."""
@@ -200,28 +211,3 @@ class LogReader:
                 continue
             batch.append(Record(msg.partition(), msg.offset(), len(value), message))
         return batch
-
-
-def close_aside(consumer: Consumer) -> asyncio.Future[None]:
-    """Close ``consumer`` in a daemon thread of its own; done once it is closed.  Not in the
-    loop's executor: a close that never returns (librdkafka waiting on a broker) would hold the
-    executor's shutdown, and so the process's exit, after the drain's bound gave up on it."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def close() -> None:
-        try:
-            consumer.close()
-        except (KafkaException, RuntimeError) as exc:
-            log.warning("closing a consumer failed: %s", exc)
-        finally:
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-                loop.call_soon_threadsafe(_settle, done)
-
-    threading.Thread(target=close, name="headwater-consumer-close", daemon=True).start()
-    return done
-
-
-def _settle(done: asyncio.Future[None]) -> None:
-    if not done.done():
-        done.set_result(None)

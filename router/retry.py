@@ -21,17 +21,28 @@ default) plus the election; and the producer gives up on a PUBLISH after 30 s
 answer is an outage an operator sees (``/ready`` says "Kafka is not writable"), not an election.
 An error that is not transient (an unknown topic at start, an authorization failure) is raised at
 once, never retried.
+
+**What never waits on a broker: a consumer's last commit and its close** (:func:`close_aside`).
+librdkafka's synchronous commit has no timeout: a broker that stops answering (a stalled JVM, a
+network partition: SIGSTOP shows it) held the event loop that made it for good, and so the
+node's drain (a share group's last commit: a SIGTERMed node stood still until killed,
+``tests/integration/test_drain_faults.py``); a close can wait on the group coordinator too.
+Both run in a daemon thread of their own, never on the loop nor in its executor (whose shutdown
+``asyncio.run`` waits for without a bound): whoever awaits them bounds the wait, and the
+process exits whether or not they returned.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
 log = logging.getLogger("headwater.log")
 
@@ -140,3 +151,31 @@ async def retried(
                 log.warning("%s: %s; retrying for up to %.0f s", what, exc, deadline - now)
             retries.count(what)
             await asyncio.sleep(backoff.failed(now))
+
+
+def close_aside(
+    consumer: Consumer, first: Callable[[], None] | None = None
+) -> asyncio.Future[None]:
+    """Run ``first`` (a last commit), then close ``consumer``, in a daemon thread of their own;
+    done once it is closed (module docstring: never on the loop nor in its executor)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def close() -> None:
+        try:
+            if first is not None:
+                first()
+            consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing a consumer failed: %s", exc)
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(_settle, done)
+
+    threading.Thread(target=close, name="headwater-consumer-close", daemon=True).start()
+    return done
+
+
+def _settle(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)

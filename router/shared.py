@@ -35,7 +35,7 @@ starts at the high watermark, like any new group (messages published while no no
 group are not delivered to it); the old groups expire from Kafka by its offset retention.
 
 Reading rights.  A record goes to the next member, in round-robin order, that may read its
-topic (``Subscriber.may_read``: the ACL at the time of sending).  A member that may not is
+topic (``Session.may_read``: the ACL at the time of sending).  A member that may not is
 skipped, never handed the record to acknowledge it unread.  If no member on this node may read
 it, the record is finished (committed) unread and counted (``share_messages_denied``): Kafka
 gave the partition to this node for the group, so no other node of the group will see the
@@ -70,6 +70,7 @@ from mqttcore import topics
 from mqttcore.session import Session
 from router.partitioner import Router
 from router.record import Record
+from router.retry import close_aside
 
 log = logging.getLogger("headwater.shared")
 
@@ -100,8 +101,8 @@ def consumer_config() -> dict[str, Any]:
 class _Offsets:
     """Per partition: offsets handed out but not finished; what may be committed.
 
-    Used from the event loop and, when the group is left, from the executor thread that closes
-    the consumer (its revocation callback commits and forgets), hence the lock."""
+    Used from the event loop and, when the group is left, from the thread that commits last and
+    closes the consumer (its revocation callback commits and forgets), hence the lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -205,12 +206,15 @@ class ShareGroup:
         self._next_commit = time.monotonic() + COMMIT_INTERVAL
 
     async def stop(self) -> None:
-        """Leave the group (its partitions move to other member nodes); once."""
+        """Leave the group (its partitions move to other member nodes); once.  The last commit
+        and the close wait on the group's coordinator, the commit without a bound (it held a
+        draining node's event loop while the broker was stalled): both run aside
+        (``router.retry.close_aside``)."""
         if self._stopped:
             return
         self._stopped = True
-        self._commit_now(self._consumer)
-        await asyncio.get_running_loop().run_in_executor(None, self._consumer.close)
+        consumer = self._consumer
+        await close_aside(consumer, lambda: self._commit_now(consumer))
 
     # -- rebalances ---------------------------------------------------------------------------
 

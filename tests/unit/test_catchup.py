@@ -129,3 +129,15 @@ def _append(into: list[Record]):  # type: ignore[no-untyped-def]
 
 def _yes() -> bool:
     return True
+
+
+async def test_a_replay_still_waiting_when_the_log_stops_fails_instead_of_waiting_forever() -> None:
+    catch_up, _ = reader()
+    got: list[Record] = []
+    waiting = asyncio.ensure_future(catch_up.read({0: (0, 30)}, _append(got), lambda: False))
+    catch_up.serve()  # its first records handed over; then nothing serves it any more
+    await asyncio.sleep(0)
+    catch_up.stop()
+    await asyncio.wait_for(asyncio.wait([waiting]), 1)
+    assert isinstance(waiting.exception(), ConnectionError)
+    assert catch_up.cursors == set()
