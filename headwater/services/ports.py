@@ -1,14 +1,17 @@
 """Loopback TCP ports: picking free ones, refusing taken ones, probing listeners.
 
-Everything Headwater starts locally binds 127.0.0.1 only. A free port is found by binding port 0 and
-releasing it, which leaves a short window for another process to take it; callers that cannot afford
-that window check the port again where they bind it.
+Everything Headwater starts locally binds 127.0.0.1 only. A free port is one that binds now,
+picked at random below the kernel's ephemeral range (Linux: 32768 up), so no outgoing connection
+of a busy machine takes it between the pick and the listener's bind (a 3-broker Kafka failed so in
+CI: "Address already in use"); another process picking at the same time is the short window left,
+and callers that cannot afford it check the port again where they bind it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import random
 import socket
 
 from headwater.errors import SettingError
@@ -16,12 +19,23 @@ from headwater.errors import SettingError
 LOOPBACK = "127.0.0.1"
 
 
+PICKED_FROM = range(20000, 32768)
+"""Where :func:`free_port` looks: below Linux's default ephemeral range, above the well-known."""
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port on `host` that nobody listens on right now."""
+    """A TCP port on `host` that nobody listens on right now (see the module's docstring)."""
+    for port in random.sample(PICKED_FROM, 64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        sock.bind((host, 0))  # all 64 tried were taken: whatever the kernel gives
+        found: int = sock.getsockname()[1]
+        return found
 
 
 def ensure_port_free(port: int, setting: str, host: str = LOOPBACK) -> None:

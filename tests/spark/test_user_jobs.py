@@ -12,6 +12,7 @@ the default topic, the Kafka found from a dev cluster state file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from pyspark.sql import Row, SparkSession
 from frontend.node import Node, NodeConfig
 from headwater.cli import main as headwater_main
 from headwater.devcluster.state import ClusterState, ProcessRecord, write_state
-from headwater.services.kafka_admin import ensure_topic
+from headwater.services.kafka_admin import TopicMismatchError, ensure_topic
 from mqttcore.message import Message
 from router import record
 from router.partitioner import Router
@@ -361,8 +362,10 @@ def console_rows(output: str) -> list[list[str]]:
 
 @pytest.fixture
 async def default_log_node(kafka_bootstrap: str) -> AsyncIterator[tuple[Node, int]]:
-    """A front-end node on the default log topic, reporting $SYS every second."""
-    ensure_topic(kafka_bootstrap, MESSAGES_TOPIC, PARTITIONS, messages_topic(PARTITIONS).config)
+    """A front-end node on the default log topic, reporting $SYS every second.  The session's
+    Kafka is shared: another test may have made the default topic already, with its own count."""
+    with contextlib.suppress(TopicMismatchError):
+        ensure_topic(kafka_bootstrap, MESSAGES_TOPIC, PARTITIONS, messages_topic(PARTITIONS).config)
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": "unused"})
     topics = consumer.list_topics(MESSAGES_TOPIC, timeout=10).topics
     partitions = len(topics[MESSAGES_TOPIC].partitions)
