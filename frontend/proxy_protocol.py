@@ -15,6 +15,7 @@ is read.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 
@@ -46,14 +47,20 @@ class AllowList:
 
     def allows(self, host: str) -> bool:
         """Whether ``host`` (a socket's peer address) is in one of the networks; an IPv4
-        address mapped into IPv6 (a dual-stack socket's) counts as the IPv4 one."""
-        try:
-            address = ipaddress.ip_address(host.split("%", 1)[0])
-        except ValueError:
-            return False
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        return any(address in network for network in self.networks)
+        address mapped into IPv6 (a dual-stack socket's) counts as the IPv4 one.  Asked at
+        every connection, from the few addresses of the load balancers: answers are cached."""
+        return _allows(self.networks, host)
+
+
+@functools.lru_cache(maxsize=1024)
+def _allows(networks: tuple[Network, ...], host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)
 
     def __str__(self) -> str:
         return ",".join(str(network) for network in self.networks)

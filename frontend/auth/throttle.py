@@ -17,6 +17,7 @@ more addresses than that guessing at once cannot all be throttled, but cannot gr
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import time
 from collections.abc import Callable
@@ -35,6 +36,12 @@ def address_key(host: str | None) -> str | None:
     """What ``host`` is counted as: itself, its /64 for IPv6, None when unknown (not counted)."""
     if not host:
         return None
+    return _address_key(host)
+
+
+@functools.lru_cache(maxsize=4096)
+def _address_key(host: str) -> str:
+    """(Parsing an address costs more than the rest of a login without a password: cached.)"""
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
