@@ -19,7 +19,8 @@ Redis Cluster too.
 
 Tests share the services, so they isolate themselves by name: `topic_name` is a fresh Kafka topic
 name (not created: call ensure_topic with the partitions you need) and `redis_prefix` a fresh key
-prefix. `free_port()` (re-exported here) gives a free loopback port below the ephemeral range; never use 1883.
+prefix. `free_port()` (re-exported here) gives a free loopback port below the ephemeral
+range; never use 1883.
 """
 
 from __future__ import annotations
