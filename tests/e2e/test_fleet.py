@@ -50,6 +50,10 @@ async def test_a_subscriber_whose_queue_fills_reads_on_from_the_log_and_loses_no
     await slow.subscribe(("fan/#", 1))
     publisher = await RawClient.connected(port, "fan-pub")
     await publish_acked(publisher, "fan/in", range(2000))  # the slow one acknowledges nothing yet
+    # PUBACKs come with Kafka's acknowledgement; the node reads the records back a moment later
+    await eventually(
+        lambda: node.dispatcher.backlog.clients, what="the subscriber falling behind", timeout=20
+    )
     stats = await http_json(node.config.stats_port, "/stats")
     assert stats["clients_fell_behind"] == 1, stats
     got = await take(slow, 2000)
