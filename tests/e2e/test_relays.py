@@ -422,6 +422,8 @@ async def test_relays_ride_out_a_kafka_outage(
 
         await asyncio.to_thread(produce, bootstrap, "in", [(b"cmd/a", b"after")])
         assert (await subscriber.next_message(STUCK_SECONDS)).payload == b"after"
+        # the node's own producer sees Kafka back by its probe; until then a CONNECT gets 3
+        await eventually(lambda: node.log.available, what="Kafka seen back", timeout=30)
         publisher = await clients.paho(node.config.port)
         await publisher.publish("plant/x", b"1", qos=1)
         mirrored = await asyncio.to_thread(read_topic, bootstrap, "out", 1, STUCK_SECONDS)
