@@ -71,7 +71,7 @@ from router.relay_records import (
     export_converter,
     inbound_converter,
 )
-from router.retry import Backoff
+from router.retry import Backoff, settle_from_thread
 from router.topics import MAX_RECORD_BYTES, Replication, messages_topic
 
 log = logging.getLogger("headwater.relays")
@@ -152,7 +152,9 @@ class Relay:
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ended: asyncio.Future[None] | None = None
+        """Settled by the thread as it ends: what ``stop`` waits on (never a join in the
+        executor, whose shutdown would wait for a thread stuck in librdkafka)."""
         self._backoff = Backoff()
         self._stale = False
         """The producer saw its brokers go away: it is made anew before the next transaction."""
@@ -183,19 +185,25 @@ class Relay:
             "fetch.wait.max.ms": 50,
         })  # fmt: skip
         self._consumer.subscribe([self.source], on_assign=self._assigned, on_revoke=self._revoked)
-        self._thread = threading.Thread(target=self._run, name=f"relay {self.name}", daemon=True)
-        self._thread.start()
+        self._ended = self._loop.create_future()
+        threading.Thread(target=self._run, name=f"relay {self.name}", daemon=True).start()
 
     async def stop(self) -> None:
         """Stop after the batch under way (its transaction ends either way); a thread stuck in
         librdkafka longer than ``STOP_SECONDS`` is left behind (a daemon: exit does not wait)."""
         self._stopping.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, STOP_SECONDS)
-            if self._thread.is_alive():
+        if self._ended is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._ended), STOP_SECONDS)
+            except TimeoutError:
                 log.warning(
                     "relay %s: not stopped after %g s; left behind", self.name, STOP_SECONDS
                 )
+
+    @property
+    def running(self) -> bool:
+        """Whether the relay's thread is there (started and not ended)."""
+        return self._ended is not None and not self._ended.done()
 
     def renewed(self) -> Relay:
         """A relay like this one, sharing its counts, this one told to stop (not waited for)."""
@@ -223,8 +231,12 @@ class Relay:
             while not self._stopping.is_set():
                 self._turn(consumer)
         finally:
-            consumer.close()  # leaves the group: the others take its partitions at once
-            self._producer = None
+            try:
+                consumer.close()  # leaves the group: the others take its partitions at once
+            finally:
+                self._producer = None
+                assert self._loop is not None and self._ended is not None
+                settle_from_thread(self._loop, self._ended)
 
     def _turn(self, consumer: Consumer) -> None:
         if time.monotonic() < self._backoff.until:

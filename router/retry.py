@@ -29,7 +29,8 @@ node's drain (a share group's last commit: a SIGTERMed node stood still until ki
 ``tests/integration/test_drain_faults.py``); a close can wait on the group coordinator too.
 Both run in a daemon thread of their own, never on the loop nor in its executor (whose shutdown
 ``asyncio.run`` waits for without a bound): whoever awaits them bounds the wait, and the
-process exits whether or not they returned.
+process exits whether or not they returned.  A relay's thread (``router.relays``), which closes
+its own consumer, tells the loop it ended the same way (:func:`settle_from_thread`).
 """
 
 from __future__ import annotations
@@ -169,11 +170,17 @@ def close_aside(
         except (KafkaException, RuntimeError) as exc:
             log.warning("closing a consumer failed: %s", exc)
         finally:
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-                loop.call_soon_threadsafe(_settle, done)
+            settle_from_thread(loop, done)
 
     threading.Thread(target=close, name="headwater-consumer-close", daemon=True).start()
     return done
+
+
+def settle_from_thread(loop: asyncio.AbstractEventLoop, done: asyncio.Future[None]) -> None:
+    """Settle ``done``, a future of ``loop``, from another thread: what a thread the loop
+    never joins does when it ends (the loop waits on the future, with a bound of its own)."""
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+        loop.call_soon_threadsafe(_settle, done)
 
 
 def _settle(done: asyncio.Future[None]) -> None:

@@ -412,6 +412,7 @@ async def test_relays_ride_out_a_kafka_outage(
         await subscriber.subscribe(("cmd/#", 1))
         await asyncio.to_thread(produce, bootstrap, "in", [(b"cmd/a", b"before")])
         assert (await subscriber.next_message(30)).payload == b"before"
+        relays = list(node.relays.relays)
 
         await asyncio.to_thread(kafka.stop)
         await eventually(lambda: not node.log.available, what="Kafka seen down", timeout=30)
@@ -428,8 +429,10 @@ async def test_relays_ride_out_a_kafka_outage(
         await publisher.publish("plant/x", b"1", qos=1)
         mirrored = await asyncio.to_thread(read_topic, bootstrap, "out", 1, STUCK_SECONDS)
         assert [(r.key, r.value) for r in mirrored] == [(b"plant/x", b"1")]
-        assert all(relay._thread and relay._thread.is_alive() for relay in node.relays.relays)
-        assert node.stats()["relay_transactions_aborted"] == 0
+        # the same relays, running: none was made anew by the watchdog (a transaction that
+        # met the restarted group coordinator may abort, UNKNOWN_MEMBER_ID: its batch is
+        # copied again, once, as after any abort)
+        assert node.relays.relays == relays and all(relay.running for relay in relays)
     finally:
         if node is not None:
             await node.stop()
