@@ -34,11 +34,6 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from frontend import events, listeners
@@ -49,6 +44,7 @@ from frontend.config import Listener, NodeConfig, config_from_args, log_settings
 from frontend.config_file import parse_args
 from frontend.connection import MqttConnection, Services
 from frontend.logs import setup_logging
+from frontend.redis_clients import cluster_client, single_client
 from frontend.retained import (
     MemoryRetainedStore,
     RedisRetainedStore,
@@ -77,9 +73,6 @@ LISTEN_BACKLOG = 4096
 overflows in a reconnect storm, and each dropped SYN is retried only a second later); Linux caps
 it at ``net.core.somaxconn``."""
 
-REDIS_WAIT = 10.0
-"""Seconds a request waits for a free Redis connection before it counts as Redis unavailable."""
-
 DRAIN_PUBLISHES = 10.0
 """Seconds a drain waits for the PUBLISHes already given to Kafka to be acknowledged to their
 clients; a connection still waiting then is closed anyway (its client sends them again)."""
@@ -102,10 +95,6 @@ DRAIN_EXIT = 3.0
 """Seconds of ``--drain-timeout`` kept for the process to exit once the node has stopped.  The
 rest is the drain's budget: the PUBLISHes and the releases get a third of it each at most (so a
 client that never answers leaves the parts their time), the parts what is left."""
-
-CLUSTER_SPARE_CONNECTIONS = 8
-"""Connections per Redis Cluster node beyond the node's share of commands: subscriptions and
-pipelines, which hold a connection of their own."""
 
 
 class Node:
@@ -222,7 +211,9 @@ class Node:
         return doors + proxied
 
     async def _connect_redis(self, url: str) -> None:
-        client = self._cluster_client(url) if self.config.redis_cluster else self._client(url)
+        connections = self.config.redis_connections
+        make = cluster_client if self.config.redis_cluster else single_client
+        client = make(url, connections)
         try:
             await client.ping()
         except (RedisError, RedisClusterException, OSError) as exc:
@@ -245,33 +236,6 @@ class Node:
         sessions.join_cluster(store, self.systree.serving(retained), coordinator)
         await coordinator.start()
         self._redis = client
-
-    def _client(self, url: str) -> aioredis.Redis:
-        # A blocking pool: a burst of requests waits for a connection (up to REDIS_WAIT seconds)
-        # instead of failing with "Too many connections", which would refuse CONNECTs.
-        # A pooled connection that died with a Redis restart is made again at once, and the
-        # command retried on it, instead of failing one request per dead connection for as long
-        # as the pool takes to cycle through them.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=self.config.redis_connections,
-            timeout=REDIS_WAIT,
-            socket_timeout=5,
-            socket_connect_timeout=5,
-            retry=Retry(NoBackoff(), 1),
-            retry_on_error=[RedisConnectionError],
-        )
-        return aioredis.Redis.from_pool(pool)  # closing the client closes the pool
-
-    def _cluster_client(self, url: str) -> RedisCluster:
-        connections = self.config.redis_connections
-        return QueuedCluster.from_url(
-            url,
-            turns=connections,
-            max_connections=connections + CLUSTER_SPARE_CONNECTIONS,
-            socket_timeout=5,
-            socket_connect_timeout=5,
-        )
 
     def reload(self) -> None:
         """Reread the password and ACL files (SIGHUP): a client whose password entry is gone or
@@ -399,28 +363,6 @@ def threads_now() -> str:
             where = "".join(traceback.format_stack(frame, 3)).strip()
             lines.append(f"thread {names.get(ident, ident)}: {where}")
     return "\n".join(lines)
-
-
-class QueuedCluster(RedisCluster):
-    """A Redis Cluster client whose commands wait their turn, up to ``REDIS_WAIT`` seconds, as
-    the blocking pool's do on one Redis: redis-py's cluster pool fails a command at once when
-    all of a node's connections are busy, which would refuse CONNECTs in a burst.  ``turns``
-    commands run at once, so no node is asked for more connections than that (plus the spare
-    ones for subscriptions and pipelines)."""
-
-    def __init__(self, *args: Any, turns: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._turns = asyncio.Semaphore(turns)
-
-    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            await asyncio.wait_for(self._turns.acquire(), REDIS_WAIT)
-        except TimeoutError:
-            raise RedisError(f"no Redis connection free for {REDIS_WAIT:g} s") from None
-        try:
-            return await super().execute_command(*args, **kwargs)
-        finally:
-            self._turns.release()
 
 
 async def close_when_acknowledged(

@@ -319,15 +319,17 @@ class KafkaLog:
     ) -> bool:
         """Queue ``message`` for the log, with its headers (``kind`` says who wrote it: one of
         ``router.record.KINDS``) and its own time as the record's timestamp; False if the
-        producer queue is full (retry later).  ``urgent`` False: nothing waits for it (its
-        report, or reading it back), so it does not wake a quiet pump (``frontend.events``)."""
+        producer queue is full (retry later).  ``urgent`` False: nothing waits for it, so it
+        does not wake a quiet pump, and no report is asked for (a record Kafka still refuses
+        after the producer's retries is then counted by librdkafka alone: a client event,
+        ``frontend.events``, is QoS 0 data nobody acknowledges)."""
         producer = self._producer
         assert producer is not None
         outbox = self._outbox
         if len(outbox) + len(producer) >= self.settings.queue_max_messages:
             return False
         partition, key = self.router.route(message.topic)
-        reporter = self._reporter(on_delivery)
+        reporter = self._reporter(on_delivery) if urgent else None
         outbox.add(
             partition, record.encode(message), key, reporter, on_delivery,
             record.headers(message, kind), message.timestamp_ms,
