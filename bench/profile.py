@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
 
@@ -245,8 +245,10 @@ def summarise(text: str, rules: Iterable[Rule] = RULES) -> Summary:
 
 
 @dataclass(frozen=True, slots=True)
-class Reading:
-    at: float
+class Counts:
+    """The node's counters and CPU times, read at once (a :class:`Reading`) or the difference of
+    two readings (a :class:`Window`)."""
+
     received: int
     sent: int
     produced: int
@@ -256,40 +258,37 @@ class Reading:
     """Seconds the event-loop thread was ready to run but waited for a CPU (the second field
     of /proc/PID/task/PID/schedstat, nanoseconds)."""
 
+
+@dataclass(frozen=True, slots=True)
+class Reading(Counts):
+    at: float
+
     @classmethod
     def take(cls, pid: int, stats_url: str) -> Reading:
         stats = node_stats(stats_url)
         process = cpu_ticks(Path(f"/proc/{pid}/stat").read_text()) / CLOCK_TICKS
         main = cpu_ticks(Path(f"/proc/{pid}/task/{pid}/stat").read_text()) / CLOCK_TICKS
         return cls(
-            time.monotonic(),
-            sum(stats["messages_received_by_qos"].values()),
-            sum(stats["messages_sent_by_qos"].values()),
-            int(stats["messages_produced"]),
-            process,
-            main,
-            waited_seconds(pid),
+            received=sum(stats["messages_received_by_qos"].values()),
+            sent=sum(stats["messages_sent_by_qos"].values()),
+            produced=int(stats["messages_produced"]),
+            process_cpu=process,
+            main_cpu=main,
+            main_waited=waited_seconds(pid),
+            at=time.monotonic(),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
+class Window(Counts):
     """What the node did between two readings."""
 
     seconds: float
-    received: int
-    sent: int
-    produced: int
-    process_cpu: float
-    main_cpu: float
-    main_waited: float
 
     @classmethod
     def between(cls, a: Reading, b: Reading) -> Window:
-        return cls(
-            b.at - a.at, b.received - a.received, b.sent - a.sent, b.produced - a.produced,
-            b.process_cpu - a.process_cpu, b.main_cpu - a.main_cpu, b.main_waited - a.main_waited,
-        )  # fmt: skip
+        done = {f.name: getattr(b, f.name) - getattr(a, f.name) for f in fields(Counts)}
+        return cls(**done, seconds=b.at - a.at)
 
     def per_message_us(self, cpu_seconds: float) -> float:
         return cpu_seconds / self.received * 1e6 if self.received else 0.0

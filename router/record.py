@@ -90,12 +90,6 @@ def headers(message: Message, kind: str = CLIENT) -> list[tuple[str, bytes]]:
     ]
 
 
-def timestamp(message: Message) -> int:
-    """The record's Kafka timestamp (CreateTime): the message's own time in milliseconds since
-    the epoch, the value of the Avro ``timestamp`` field, so Kafka tools agree with the datum."""
-    return message.timestamp_ms
-
-
 class RecordError(ValueError):
     """A log record that is not a Headwater message of this schema."""
 

@@ -175,7 +175,7 @@ def inbound_converter(router: Router, log_topic: str, stamps: MessageStamps) -> 
             key,
             record.encode(found),
             record.headers(found, kind=record.INBOUND),
-            record.timestamp(found),
+            found.timestamp_ms,  # CreateTime: the message's own time, as every record's
             partition,
             found if found.retain else None,
         )

@@ -10,6 +10,7 @@ from bench.profile import (
     BUCKETS,
     END,
     OTHER,
+    Reading,
     Rule,
     Window,
     bucket_of,
@@ -138,9 +139,14 @@ def test_an_empty_profile_summarises_to_nothing() -> None:
 
 
 def test_cpu_per_message() -> None:
-    window = Window(10.0, 200_000, 150_000, 200_000, 3.0, 2.0, 1.0)
+    before = Reading(10, 0, 10, 1.0, 1.0, 0.5, at=100.0)
+    after = Reading(200_010, 150_000, 200_010, 4.0, 3.0, 1.5, at=110.0)
+    assert Window.between(before, after) == Window(
+        200_000, 150_000, 200_000, 3.0, 2.0, 1.0, seconds=10.0
+    )
+    window = Window(200_000, 150_000, 200_000, 3.0, 2.0, 1.0, seconds=10.0)
     assert window.per_message_us(window.process_cpu) == 15.0
-    assert Window(10.0, 0, 0, 0, 1.0, 1.0, 0.0).per_message_us(1.0) == 0.0
+    assert Window(0, 0, 0, 1.0, 1.0, 0.0, seconds=10.0).per_message_us(1.0) == 0.0
 
 
 REPORT = """# Benchmarks
