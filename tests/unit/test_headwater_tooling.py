@@ -374,11 +374,16 @@ def test_cli_hands_frontend_arguments_over_untouched(monkeypatch: pytest.MonkeyP
     assert seen == [["--node-id", "n1", "--listen", "127.0.0.1:1"]]
 
 
+NO_OTHER_LISTENERS = ("--tls-port", "0", "--ws-port", "0")
+"""No TLS nor WebSocket listener: their default ports (8883, 8080) may be taken on the machine
+(a compose stack beside the suite held 8883, and `dev up` refused that first)."""
+
+
 def test_cli_errors_are_one_line_without_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HEADWATER_KAFKA_BOOTSTRAP", "bad")
-    code = cli.main(["dev", "up", "--nodes", "0", "--port", str(free_port()),
+    code = cli.main(["dev", "up", "--nodes", "0", "--port", str(free_port()), *NO_OTHER_LISTENERS,
                      "--state-dir", str(tmp_path)])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1
@@ -389,7 +394,7 @@ def test_dev_up_refuses_a_replication_its_brokers_cannot_give(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("HEADWATER_KAFKA_BOOTSTRAP", raising=False)
-    code = cli.main(["dev", "up", "--nodes", "0", "--port", str(free_port()),
+    code = cli.main(["dev", "up", "--nodes", "0", "--port", str(free_port()), *NO_OTHER_LISTENERS,
                      "--state-dir", str(tmp_path), "--kafka-brokers", "3",
                      "--min-insync-replicas", "4"])  # fmt: skip
     assert code == 1
@@ -404,7 +409,7 @@ def test_dev_up_refuses_local_brokers_beside_an_external_kafka(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HEADWATER_KAFKA_BOOTSTRAP", "127.0.0.1:1")
-    code = cli.main(["dev", "up", "--nodes", "0", "--port", str(free_port()),
+    code = cli.main(["dev", "up", "--nodes", "0", "--port", str(free_port()), *NO_OTHER_LISTENERS,
                      "--state-dir", str(tmp_path), "--kafka-brokers", "3"])  # fmt: skip
     assert code == 1
     assert capsys.readouterr().err == (
