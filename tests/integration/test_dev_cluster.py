@@ -196,7 +196,10 @@ def test_dev_up_with_nodes_serves_mosquitto_clients_through_haproxy(
         rows = stats.stdout.splitlines()
         assert rows[0].split()[:2] == ["node", "clients"] and len(rows) == 4
         fetched = [int(row.split()[3]) for row in rows[1:]]
-        assert sum(fetched) == 3  # only the subscriber's node read the three records
+        # only the subscriber's node read the log: the three records, and the nodes' $SYS reports
+        # (every 10 s) if one came after the subscription: `$SYS/brokers` routes to demo/x's
+        # partition of three (a loaded fresh-clone run read two)
+        assert sorted(fetched)[:2] == [0, 0] and max(fetched) >= 3
         children = cluster.child_identities()
         cluster.process.send_signal(signal.SIGINT)
         assert cluster.process.wait(60) == 0
