@@ -265,6 +265,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("max-share-groups-per-client", INTEGER, DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT,
                 "$share filters per client; a SUBSCRIBE beyond is refused (0x80); 0: none",
                 0, 10_000, more="counted"),
+        Setting("history-max-age", SECONDS, 0, "seconds back a $history/<since>/ subscription "
+                "may start at most (an earlier <since> starts there); 0: all the log holds",
+                high=10**9),
         Setting("max-retained", INTEGER, DEFAULT_MAX_RETAINED, "retained messages kept, "
                 f"cluster-wide; {_RECORDS}", 1, 10**10, more="`retained_over_limit`, logged "
                 "once a minute; Mosquitto has no bound, nor EMQX's `max_retained_messages` by "
@@ -406,6 +409,7 @@ class NodeConfig:
     client_events: bool = False  # off in code too; the command line's: on
     max_share_groups: int = declared("max-share-groups")
     max_share_groups_per_client: int = declared("max-share-groups-per-client")
+    history_max_age: float = declared("history-max-age")
     max_retained: int = declared("max-retained")
     max_retained_bytes: int = declared("max-retained-bytes")
     drain_timeout: int = declared("drain-timeout")

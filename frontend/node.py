@@ -116,7 +116,7 @@ class Node:
             self.router,
         )
         shares = ShareLimits(config.max_share_groups, config.max_share_groups_per_client)
-        self.dispatcher = Dispatcher(self.log, self.router, shares)
+        self.dispatcher = Dispatcher(self.log, self.router, shares, config.history_max_age)
         self.log.reader.on_records = self.dispatcher.dispatch
         stamps = wall_clock_stamps(config.node_id)
         self.retained_limits = RetainedLimits(config.max_retained, config.max_retained_bytes)

@@ -580,7 +580,7 @@ def _grant(
     over = 0
     for topic_filter, qos in subscribe.topics:
         if not topics.is_valid_filter(topic_filter) or not permissions.may_subscribe(
-            _judged(topic_filter)
+            topics.judged_filter(topic_filter)
         ):
             codes.append(SUBACK_FAILURE)
             continue
@@ -593,12 +593,6 @@ def _grant(
         granted.append((topic_filter, qos))
         codes.append(qos)
     return AddSubscriptions(subscribe.packet_id, granted, tuple(codes), over)
-
-
-def _judged(topic_filter: str) -> str:
-    """The filter the ACL judges: the one inside ``$share/<name>/``, as Mosquitto does."""
-    shared = topics.parse_shared(topic_filter)
-    return topic_filter if shared is None else shared[1]
 
 
 _HANDLERS: dict[type, Callable[[Channel, Any], list[Action]]] = {

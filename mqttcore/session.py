@@ -20,9 +20,10 @@ that bound plus one message); when full a QoS 0 message is dropped before any Qo
 new session and skip those still in use [MQTT-2.3.1-2].
 
 Every PUBLISH leaves through ``permissions.may_read`` at the moment its bytes are made: taken
-live, drained from the queue, or resent after a reconnect.  A message the rules refuse then is
-never sent and leaves the session as if the client had acknowledged it (``done``), so rules
-changed while it waited (a reload) apply to it.  A PUBREL is no message and is always resent.
+live, drained from the queue, or resent after a reconnect; a history delivery is judged by the
+topic it was published on.  A message the rules refuse then is never sent and leaves the session
+as if the client had acknowledged it (``done``), so rules changed while it waited (a reload)
+apply to it.  A PUBREL is no message and is always resent.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol
 
+from mqttcore import topics
 from mqttcore.codec import PublishTemplate, Wire, encode
 from mqttcore.message import Message
 from mqttcore.packets import Pubrel
@@ -190,8 +192,9 @@ class Session:
 
     def may_read(self, topic: str) -> bool:
         """Whether the client may be sent a message of ``topic`` now: the read rules its
-        channel gave (asked again at each send, so a reload's rules hold at once)."""
-        return self.permissions.may_read(topic)
+        channel gave (asked again at each send, so a reload's rules hold at once), judging a
+        history delivery by the topic it was published on."""
+        return self.permissions.may_read(topics.original_topic(topic))
 
     def deliver(self, out: Outbound, online: bool, writable: bool = True) -> Wire | None:
         """Take a message for the client: the bytes to send now, or None (queued, or refused).
@@ -199,7 +202,7 @@ class Session:
         ``online`` false: the client is away (QoS 0 is dropped, QoS 1/2 queued).  ``writable``
         false: it is connected but its socket is backed up, so the message waits in the queue,
         where the bound evicts QoS 0 first."""
-        if not self.permissions.may_read(out.message.topic):
+        if not self.may_read(out.message.topic):
             _refuse(out)
             return None
         if not online:
@@ -269,7 +272,7 @@ class Session:
             queue.popleft()
             self.queued_bytes -= _size(head)
             self._queued_qos0 -= head.qos == 0
-            if not self.permissions.may_read(head.message.topic):
+            if not self.may_read(head.message.topic):
                 _refuse(head)
             elif head.qos > 0:
                 sent.append(self._send_inflight(head))
@@ -283,7 +286,7 @@ class Session:
         (those the read rules refuse now are done instead), then the queue."""
         sent: list[Wire] = []
         for out in list(self.inflight.values()):
-            if out.released or self.permissions.may_read(out.message.topic):
+            if out.released or self.may_read(out.message.topic):
                 sent.append(out.resend())
             else:
                 del self.inflight[out.packet_id]

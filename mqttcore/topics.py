@@ -15,10 +15,18 @@ them as MQTT 5.0 defines them (section 4.8.2).  Any filter starting with ``$shar
 either it parses into a non-empty group free of ``+``, ``#`` and ``/`` followed by a valid
 filter, or it is malformed.  :func:`matches` takes plain filters only; strip the prefix first.
 
+History subscriptions (``$history/<since>/<filter>``, Headwater's own) read the log from a point in
+time (``router.history``).  ``<since>`` is ``earliest``, a UTC time ``YYYY-MM-DDTHH:MM:SSZ`` or a
+duration back from the SUBSCRIBE (a whole number and one of ``s``, ``m``, ``h``, ``d``); the
+filter after it is a plain one.  Each message is delivered on ``$history/<since>/<its topic>``,
+which no client may publish to, and which no plain filter matches (it starts with ``$``).
+
 Well-formed UTF-8 (no surrogates) is the decoder's job [MQTT-1.5.3-1]; this module sees ``str``.
 """
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from mqttcore.errors import MalformedPacket
 
@@ -32,6 +40,9 @@ the node, not a policy.  Each level of a filter is a node and a dict in the subs
 hierarchy comes near (Sparkplug uses 5 levels, AWS IoT allows 8).  A level count is the number
 of ``/`` plus one, counted without splitting, before any other work on the string."""
 SHARE_PREFIX = "$share/"
+HISTORY_PREFIX = "$history/"
+EARLIEST = "earliest"
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _WILDCARDS = ("+", "#")
 # A code point encodes to at most 4 UTF-8 bytes: shorter strings need no encoding to check.
 _ALWAYS_SHORT = MAX_TOPIC_BYTES // 4
@@ -59,6 +70,8 @@ def validate_topic_filter(filter: str) -> None:
     _check_string(filter)
     if filter.startswith(SHARE_PREFIX):
         _check_shared(filter)
+    elif filter.startswith(HISTORY_PREFIX):
+        _check_history(filter)
     else:
         _check_wildcards(filter)
 
@@ -69,6 +82,39 @@ def parse_shared(filter: str) -> tuple[str, str] | None:
         return None
     group, _, real = filter[len(SHARE_PREFIX) :].partition("/")
     return group, real
+
+
+def parse_history(filter: str) -> tuple[str, str] | None:
+    """``(since, real_filter)`` for a valid ``$history/<since>/<filter>``, otherwise ``None``."""
+    if not filter.startswith(HISTORY_PREFIX) or not is_valid_filter(filter):
+        return None
+    since, _, real = filter[len(HISTORY_PREFIX) :].partition("/")
+    return since, real
+
+
+def history_start_ms(since: str, now_ms: int) -> int | None:
+    """The time (ms since the epoch) a valid ``<since>`` reads from, asked at ``now_ms``;
+    ``None`` for ``earliest`` (all the log holds)."""
+    if since == EARLIEST:
+        return None
+    if since.endswith("Z"):
+        moment = datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        return max(0, int(moment.timestamp() * 1000))
+    return max(0, now_ms - int(since[:-1]) * _UNIT_SECONDS[since[-1]] * 1000)
+
+
+def judged_filter(filter: str) -> str:
+    """The filter an ACL judges a SUBSCRIBE by: the one inside ``$share/<name>/`` (as
+    Mosquitto does) or ``$history/<since>/``."""
+    inner = parse_shared(filter) or parse_history(filter)
+    return filter if inner is None else inner[1]
+
+
+def original_topic(topic: str) -> str:
+    """The topic a delivered message was published on: ``$history/<since>/`` taken off."""
+    if not topic.startswith(HISTORY_PREFIX):
+        return topic
+    return topic.split("/", 2)[2]
 
 
 def matches(filter: str, topic: str) -> bool:
@@ -129,3 +175,27 @@ def _check_shared(filter: str) -> None:
     if not real:
         raise MalformedPacket("MQTT-4.8.2-2", "share name must be followed by '/' and a filter")
     _check_wildcards(real)
+
+
+def _check_history(filter: str) -> None:
+    since, _, real = filter[len(HISTORY_PREFIX) :].partition("/")
+    if not _valid_since(since):
+        raise MalformedPacket(
+            "Headwater", "$history/<since>/ takes earliest, YYYY-MM-DDTHH:MM:SSZ or 90s/10m/2h/7d"
+        )
+    if not real or real.startswith(("$share/", HISTORY_PREFIX)):
+        raise MalformedPacket("Headwater", "$history/<since>/ must be followed by a plain filter")
+    _check_wildcards(real)
+
+
+def _valid_since(since: str) -> bool:
+    if since == EARLIEST:
+        return True
+    if since.endswith("Z"):
+        try:
+            datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ")
+        except ValueError:
+            return False
+        return True
+    count, unit = since[:-1], since[-1:]
+    return 0 < len(count) <= 12 and count.isascii() and count.isdigit() and unit in _UNIT_SECONDS

@@ -82,24 +82,26 @@ class Backlog:
         everything before ``rec`` in its partition too (``rec`` is new to the live stream, and
         the client needs nothing older there): the partition is then live again for it."""
         behind = client.behind
+        kept = qos or client.keeps_qos0
         if behind is None:
-            return not qos or client.session.has_room()
+            return not kept or client.session.has_room()
         edge = self.subscriptions.dispatched.get(rec.partition)
         if (
             edge is None
             or rec.offset < edge
             or behind.get(rec.partition, -1) < edge
             or client.rewind is not None
-            or (qos and not client.session.has_room())
+            or (kept and not client.session.has_room())
         ):
             return False
         behind[rec.partition] = rec.offset + 1
         return True
 
     def fall_behind(self, client: Client, rec: Record, qos: int) -> None:
-        """``client`` is not given ``rec`` live: a QoS 0 one is dropped (counted); a QoS 1/2
-        one is read back from the log later, with everything after it."""
-        if not qos:
+        """``client`` is not given ``rec`` live: a QoS 0 one is dropped (counted), unless the
+        client keeps QoS 0 (a history stream); a QoS 1/2 one is read back from the log later,
+        with everything after it."""
+        if not qos and not client.keeps_qos0:
             self.counters.messages_dropped += 1
             return
         behind = client.behind
@@ -161,15 +163,18 @@ class Backlog:
         client_id = session.client_id
         behind = client.behind
         assert behind is not None
-        resent = {(o.partition, o.offset) for o in session.inflight.values()}
+        # In flight from before a reconnect, resent already (a history stream's went out under
+        # another topic, and is not one of these).
+        resent = {(o.partition, o.offset, o.message.topic) for o in session.inflight.values()}
         delivered = 0
 
         def take(rec: Record) -> bool:
             nonlocal delivered
-            if (rec.partition, rec.offset) in resent:
+            if (rec.partition, rec.offset, rec.message.topic) in resent:
                 return True
-            qos = delivery_qos(self._granted(rec).get(client_id, 0), rec.message.qos)
-            if qos:
+            granted = self._granted(rec).get(client_id)
+            qos = 0 if granted is None else delivery_qos(granted, rec.message.qos)
+            if qos or (client.keeps_qos0 and granted is not None):
                 if not session.has_room():
                     return False
                 template = template_for(rec.message, qos, self._templates)

@@ -54,8 +54,15 @@ class Counters:
 
 @dataclass(slots=True, eq=False)
 class Client:
+    """A connected client's session, or one of its history streams (``router.history``)."""
+
     session: Session
     subscriber: Subscriber
+    owner: Session | None = None
+    """The session whose queue takes what is delivered, if not ``session``: a history
+    stream's client's."""
+    keeps_qos0: bool = False
+    """Reads QoS 0 messages back from the log too (a history stream), never drops them."""
     behind: dict[int, int] | None = None
     """While it catches up from the log: per partition, the next offset it needs."""
     rewind: dict[int, int] | None = None

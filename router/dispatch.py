@@ -12,7 +12,9 @@ with the QoS of :func:`delivery_qos`:
 * **retained**: after a SUBACK, the retained messages its filters match [MQTT-3.3.1-6], RETAIN=1;
 * **shared**: a record of a share group this node holds the partition of, to one member;
 * **local**: a message of the node's own for its own clients only, not in the log (``$SYS``
-  totals, ``frontend.systree``, computed from what :class:`Watchers` inside the node read).
+  totals, ``frontend.systree``, computed from what :class:`Watchers` inside the node read);
+* **history**: a ``$history/<since>/<filter>`` subscription is a stream of its own, caught up
+  from a time like a returning session, then live (``router.history``).
 
 Each record reaches a client once, at the highest QoS its matching subscriptions granted (the
 index's match returns each client once with that), capped by the message's own [MQTT-3.3.5-1].
@@ -25,6 +27,7 @@ A client whose queue is full reads on from the log (``router.backlog``): the log
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 
 from mqttcore import topics
@@ -33,6 +36,7 @@ from mqttcore.message import Message
 from mqttcore.session import Outbound, Session
 from router.backlog import Backlog
 from router.delivery import Client, Counters, Subscriber, delivery_qos, template_for
+from router.history import HistoryFeed, HistoryView, start_time, stream_id
 from router.log import KafkaLog
 from router.partitioner import Router
 from router.record import Record
@@ -48,7 +52,11 @@ class Dispatcher:
     """Node-local delivery: the connected clients and what each receives."""
 
     def __init__(
-        self, log_: KafkaLog, router: Router, share_limits: ShareLimits | None = None
+        self,
+        log_: KafkaLog,
+        router: Router,
+        share_limits: ShareLimits | None = None,
+        history_max_age: float = 0.0,
     ) -> None:
         self.log = log_
         self.subscriptions = Subscriptions(log_, router)
@@ -60,6 +68,12 @@ class Dispatcher:
         """Persistent sessions given a message since the session manager last took this."""
         self.shares = ShareGroups(log_, router, share_limits or ShareLimits(), self._share)
         self.watchers = Watchers(self.subscriptions)
+        self.history_max_age = history_max_age
+        """Seconds back a history subscription may start at most (0: all the log holds)."""
+        self._starting: dict[str, tuple[HistoryView, dict[int, int]]] = {}
+        """History streams subscribed to but not started yet (until their SUBACK is sent)."""
+        self.history_streams = 0
+        """History streams running here (each is in ``_clients`` under its own id)."""
 
     # -- clients ------------------------------------------------------------------------------
 
@@ -83,7 +97,9 @@ class Dispatcher:
         plain: list[str] = []
         for topic_filter in session.subscriptions:
             shared = topics.parse_shared(topic_filter)
-            if shared is None:
+            if topic_filter.startswith(topics.HISTORY_PREFIX):
+                self._end_history(session, topic_filter)
+            elif shared is None:
                 plain.append(topic_filter)
             else:
                 self.shares.leave(shared, session.client_id)
@@ -99,21 +115,23 @@ class Dispatcher:
 
     @property
     def client_count(self) -> int:
-        return len(self._clients)
+        return len(self._clients) - self.history_streams
 
     @property
     def subscription_count(self) -> int:  # walks the clients: for periodic figures only
-        return sum(len(c.session.subscriptions) for c in self._clients.values())
+        return sum(len(c.session.subscriptions) for c in self._clients.values() if not c.owner)
 
     # -- subscriptions ------------------------------------------------------------------------
 
     async def subscribe(
         self, session: Session, requests: list[tuple[str, int]]
     ) -> tuple[dict[int, int], list[str]]:
-        """Register ``requests``: their start offsets and the new plain filters, which stay
-        pending until :meth:`activate`."""
+        """Register ``requests``: their start offsets and the new plain and history filters,
+        which stay pending until :meth:`activate`."""
         plain = await self._subscribe_shared(session, requests)
-        return await self.subscriptions.add(session, plain)
+        plain, history = await self._subscribe_history(session, plain, None)
+        starts, new = await self.subscriptions.add(session, plain)
+        return starts, new + history
 
     async def resume(
         self, session: Session, requests: list[tuple[str, int]], positions: dict[int, int]
@@ -122,10 +140,12 @@ class Dispatcher:
         ``positions`` (a partition without one starts where its live stream does); it goes
         live by itself once caught up.  A failed catch-up is reported to its subscriber."""
         plain = await self._subscribe_shared(session, requests)
+        plain, history = await self._subscribe_history(session, plain, positions)
         starts, _ = await self.subscriptions.add(session, plain, resume_from=positions)
         client = self._clients.get(session.client_id)
         if client is not None and client.session is session and starts:
             self.backlog.start(client, {p: positions.get(p, at) for p, at in starts.items()})
+        self._start_history(session, history)
 
     async def _subscribe_shared(
         self, session: Session, requests: list[tuple[str, int]]
@@ -148,17 +168,105 @@ class Dispatcher:
         return plain
 
     def activate(self, session: Session, filters: Iterable[str]) -> None:
-        """Deliver what was buffered while ``filters`` were pending; live from now on."""
+        """Deliver what was buffered while ``filters`` were pending, and start the history
+        streams among them; live from now on."""
+        filters = list(filters)
         if session.client_id in self._clients:
             for rec in self.subscriptions.activate(session.client_id, filters):
                 self._dispatch_one(rec)
+        self._start_history(session, [f for f in filters if f.startswith(topics.HISTORY_PREFIX)])
 
     def unsubscribe(self, session: Session, filters: Iterable[str]) -> None:
         for topic_filter in filters:
             shared = topics.parse_shared(topic_filter)
-            if shared is not None and session.subscriptions.pop(topic_filter, None) is not None:
+            if topic_filter.startswith(topics.HISTORY_PREFIX):
+                if session.subscriptions.pop(topic_filter, None) is not None:
+                    self._end_history(session, topic_filter)
+            elif shared is not None and session.subscriptions.pop(topic_filter, None) is not None:
                 self.shares.leave(shared, session.client_id)
         self.subscriptions.remove(session, filters)
+
+    # -- history ------------------------------------------------------------------------------
+
+    async def _subscribe_history(
+        self, session: Session, requests: list[tuple[str, int]], positions: dict[int, int] | None
+    ) -> tuple[list[tuple[str, int]], list[str]]:
+        """Register the history filters of ``requests``, each a stream of its own beginning at
+        its time (a returning session's: at its stored ``positions``, ``router.history``),
+        started by :meth:`_start_history`; the other requests, and the new history filters."""
+        rest: list[tuple[str, int]] = []
+        new: list[str] = []
+        for topic_filter, qos in requests:
+            parsed = topics.parse_history(topic_filter)
+            if parsed is None:
+                rest.append((topic_filter, qos))
+                continue
+            since, real = parsed
+            key = stream_id(session.client_id, topic_filter)
+            running = self._clients.get(key)
+            view = running.session if running is not None else None
+            if view is None and key in self._starting:
+                view = self._starting[key][0]
+            session.subscriptions[topic_filter] = qos
+            if view is not None:  # subscribed again: the new QoS, the stream goes on
+                await self.subscriptions.add(view, [(real, qos)])
+                continue
+            view = HistoryView(session, topic_filter, since, real)
+            begin = await self._history_begin(real, since, positions or {})
+            try:
+                await self.subscriptions.add(view, [(real, qos)], resume_from=begin)
+            except Exception:
+                del session.subscriptions[topic_filter]
+                raise
+            self._starting[key] = (view, begin)
+            new.append(topic_filter)
+        return rest, new
+
+    async def _history_begin(
+        self, real_filter: str, since: str, positions: dict[int, int]
+    ) -> dict[int, int]:
+        """Per partition ``real_filter`` maps to, where its history stream begins: at a stored
+        position, else at the first record stamped from ``since`` on."""
+        partitions = self.router.partitions_for_filter(real_filter)
+        begin = {p: positions[p] for p in partitions if p in positions}
+        missing = [p for p in partitions if p not in begin]
+        if missing:
+            start = start_time(since, int(time.time() * 1000), self.history_max_age)
+            if start is None:
+                begin.update(await self.log.low_watermarks(missing))
+            else:
+                begin.update(await self.log.offsets_at(missing, start))
+        return begin
+
+    def _start_history(self, session: Session, filters: Iterable[str]) -> None:
+        """Start the registered history streams of ``filters``: behind, then live."""
+        owner = self._clients.get(session.client_id)
+        for topic_filter in filters:
+            key = stream_id(session.client_id, topic_filter)
+            starting = self._starting.pop(key, None)
+            if starting is None:
+                continue
+            view, begin = starting
+            if owner is None or owner.session is not session:  # gone meanwhile
+                self.subscriptions.forget(view.client_id, list(view.subscriptions))
+                continue
+            feed = HistoryFeed(owner.subscriber, view.since, self.counters)
+            client = Client(view, feed, owner=session, keeps_qos0=True)
+            self._clients[key] = client
+            self.history_streams += 1
+            self.backlog.start(client, dict(begin))
+
+    def _end_history(self, session: Session, topic_filter: str) -> None:
+        key = stream_id(session.client_id, topic_filter)
+        starting = self._starting.pop(key, None)
+        view: Session | None = starting[0] if starting is not None else None
+        client = self._clients.pop(key, None)
+        if client is not None:
+            self.history_streams -= 1
+            self.backlog.stop(client)
+            view = client.session
+        if view is not None:
+            self.subscriptions.forget(view.client_id, list(view.subscriptions))
 
     # -- live ---------------------------------------------------------------------------------
 
@@ -202,7 +310,7 @@ class Dispatcher:
 
     def _deliver(self, client: Client, out: Outbound) -> None:
         self.counters.messages_delivered += 1
-        session = client.session
+        session = client.session if client.owner is None else client.owner
         if not session.clean:
             self.touched.add(session.client_id)
         dropped = session.dropped
@@ -226,6 +334,7 @@ class Dispatcher:
         per filter): nothing of it is held meanwhile.  For a new subscription only those before
         its start offsets: later ones arrive live.  Stops if the client goes."""
         fresh = set(new)
+        filters = [f for f in filters if not f.startswith(topics.HISTORY_PREFIX)]  # read, not kept
         granted = [(f, session.subscriptions.get(f, 0), f in fresh) for f in dict.fromkeys(filters)]
         for i, (topic_filter, _, _) in enumerate(granted):
             async for batch in scan(topic_filter):
@@ -248,12 +357,37 @@ class Dispatcher:
         client = self._clients.get(session.client_id)
         if client is not None:
             self.backlog.needed(client, positions)
+        for topic_filter in session.subscriptions:
+            if topic_filter.startswith(topics.HISTORY_PREFIX):
+                needed = self._history_needs(stream_id(session.client_id, topic_filter))
+                for partition, offset in needed.items():
+                    positions[partition] = min(offset, positions.get(partition, offset))
         return positions
 
+    def _history_needs(self, key: str) -> dict[int, int]:
+        """Per partition, where the history stream ``key`` resumes if it went away now."""
+        starting = self._starting.get(key)
+        if starting is not None:
+            return starting[1]
+        stream = self._clients.get(key)
+        if stream is None:
+            return {}
+        needed = self.subscriptions.stream_positions(stream.session)
+        self.backlog.needed(stream, needed)
+        return needed
+
     def is_behind(self, session: Session) -> bool:
-        """True while ``session`` catches up from the log (``router.backlog``)."""
+        """True while ``session`` or one of its history streams catches up from the log
+        (``router.backlog``)."""
         client = self._clients.get(session.client_id)
-        return client is not None and client.session is session and client.behind is not None
+        if client is None or client.session is not session:
+            return False
+        return client.behind is not None or any(
+            stream.behind is not None
+            for topic_filter in session.subscriptions
+            if topic_filter.startswith(topics.HISTORY_PREFIX)
+            and (stream := self._clients.get(stream_id(session.client_id, topic_filter)))
+        )
 
     # -- shared subscriptions -----------------------------------------------------------------
 

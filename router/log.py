@@ -449,6 +449,15 @@ class KafkaLog:
         """Where each partition begins now: older records are gone (retention)."""
         return await self.watermarks.low(partitions)
 
+    async def offsets_at(self, partitions: Iterable[int], time_ms: int) -> dict[int, int]:
+        """Per partition, the offset of its first record stamped at or after ``time_ms`` (its
+        high watermark if there is none yet)."""
+        return await self.watermarks.at(partitions, time_ms)
+
+
+_NO_RECORD_SINCE = -1
+"""Kafka's answer to a time with no record at or after it."""
+
 
 class Watermarks:
     """Where the log's partitions begin and end, asked of Kafka's admin client.  The ends are
@@ -474,15 +483,26 @@ class Watermarks:
         wanted = sorted(partitions)
         return await retried("watermarks", lambda: self._list(wanted, True), self.retries)
 
+    async def at(self, partitions: Iterable[int], time_ms: int) -> dict[int, int]:
+        wanted = sorted(partitions)
+        found = await retried("watermarks", lambda: self._list(wanted, at=time_ms), self.retries)
+        later = [p for p, offset in found.items() if offset == _NO_RECORD_SINCE]
+        return found | (await self.high(later) if later else {})
+
     async def _ends_of_many(self, calls: list[list[int]]) -> list[dict[int, int] | BaseException]:
         ends = await self._list(sorted(set().union(*calls)))
         return [{p: ends[p] for p in call} for call in calls]
 
-    async def _list(self, partitions: list[int], earliest: bool = False) -> dict[int, int]:
+    async def _list(
+        self, partitions: list[int], earliest: bool = False, at: int | None = None
+    ) -> dict[int, int]:
         assert self.admin is not None, "the log is not started"
         if not partitions:
             return {}
-        spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        if at is not None:
+            spec = OffsetSpec.for_timestamp(at)
+        else:
+            spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()  # type: ignore[no-untyped-call]
         futures = self.admin.list_offsets(
             {TopicPartition(self.topic, p): spec for p in partitions},
             request_timeout=ATTEMPT_SECONDS,
@@ -490,7 +510,8 @@ class Watermarks:
         result: dict[int, int] = {}
         for tp, future in futures.items():
             info = await asyncio.wrap_future(future)
-            if info.offset < 0:  # no error, yet no offset: asked while no broker leads it
+            if info.offset < 0 and not (at is not None and info.offset == _NO_RECORD_SINCE):
+                # no error, yet no offset: asked while no broker leads it
                 raise KafkaException(KafkaError(
                     KafkaError.LEADER_NOT_AVAILABLE,
                     f"no offset for partition {tp.partition} ({info.offset}): no leader yet",

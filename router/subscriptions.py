@@ -33,6 +33,10 @@ from router.log import KafkaLog
 from router.partitioner import Router
 from router.record import Record
 
+_NOT_HERE = (topics.SHARE_PREFIX, topics.HISTORY_PREFIX)
+"""Filters not in this index: share groups' (``router.shared``) and history streams' (each
+indexed under a session of its own, ``router.history``)."""
+
 SubKey = tuple[str, str]
 """(client id, topic filter)"""
 
@@ -157,7 +161,7 @@ class Subscriptions:
         positions: dict[int, int] = {}
         dispatched = self.dispatched
         for topic_filter in session.subscriptions:
-            if topics.parse_shared(topic_filter) is not None:
+            if topic_filter.startswith(_NOT_HERE):
                 continue
             starts = self._starts.get((session.client_id, topic_filter), {})
             for p in self.router.partitions_for_filter(topic_filter):

@@ -16,8 +16,8 @@ with a password file and anonymous clients allowed, a client without a user name
 and one with a user name must pass its password (as Mosquitto).  A refused anonymous client gets
 CONNACK 5, a wrong password or unknown user CONNACK 4.  Without an acl_file :meth:`Auth.access`
 returns one shared :class:`Access` for every client (nothing allocated per connection) that
-refuses only publishing to ``$SYS`` (and to ``$share``, as Mosquitto does, and to ``$events``,
-the nodes' client events).
+refuses only publishing to ``$SYS`` (and to ``$share``, as Mosquitto does, and to ``$events``
+and ``$history``, the nodes' own).
 
 :meth:`Auth.login` is the one decision for a CONNECT: throttled addresses are refused at once
 (``frontend.auth.throttle``), passwords are checked off the event loop

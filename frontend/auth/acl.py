@@ -25,7 +25,8 @@ So a ``deny`` beats every grant of its own stage, and a user's own grant beats a
 A filter not starting with ``$`` never matches a topic that does, so reading ``$SYS`` needs a
 rule such as ``topic read $SYS/#``.  Publishing to a topic starting with ``$SYS`` or ``$share``
 is refused whatever the file says (``acl__check_dollar`` in ``src/security.c``), and to
-``$events`` (the nodes' client events, ``frontend.events``).
+``$events`` (the nodes' client events, ``frontend.events``) and ``$history`` (the topics history
+is delivered on, ``router.history``).
 
 A SUBSCRIBE filter is granted only if a rule the client may read by covers it whole (every topic
 the filter can match, the rule matches) and no deny rule covers it whole; otherwise its SUBACK
@@ -58,7 +59,7 @@ MAX_FILTER_LENGTH = 65535
 CACHE_SIZE = 256
 _KNOWN = 2  # cache value: the answer bit (READ/WRITE) | the same bit << _KNOWN once computed
 _PLACEHOLDER = re.compile("%[cu]")
-_NEVER_PUBLISHED = ("$SYS", "$share", "$events")
+_NEVER_PUBLISHED = ("$SYS", "$share", "$events", "$history")
 
 Rules = tuple[tuple[str, int], ...]
 """(filter, access) pairs in the order they are tried; access DENY refuses on a match."""
@@ -229,7 +230,8 @@ class RuleHolder(Protocol):
 class Access:
     """One connected client's permissions under the holder's current rules.
 
-    With no acl_file everything is allowed except publishing to ``$SYS``/``$share``/``$events``.
+    With no acl_file everything is allowed except publishing to ``$SYS``, ``$share``,
+    ``$events`` and ``$history``.
     """
 
     __slots__ = ("_cache", "_client_id", "_generation", "_holder", "_rules", "_username")

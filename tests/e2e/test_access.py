@@ -137,6 +137,24 @@ async def test_subscribe_publish_and_read_follow_the_acl(guarded: tuple[int, int
     assert '"messages_produced": 3' in text
 
 
+async def test_history_is_judged_by_its_filter_and_each_message_by_its_topic(
+    guarded: tuple[int, int],
+) -> None:
+    port, _ = guarded
+    bob = await login(port, "bob-h", "bob")
+    for packet_id, topic in enumerate(("sensors/attic/temp", "sensors/secret/temp"), 1):
+        await bob.send(Publish(topic, topic.encode(), 1, packet_id=packet_id))
+        assert await bob.recv() == Puback(packet_id)
+    alice = await login(port, "alice-h", "alice")
+    assert await alice.subscribe(
+        ("$history/earliest/sensors/+/temp", 1), ("$history/earliest/#", 1)
+    ) == Suback(1, (1, SUBACK_FAILURE))
+    got = await alice.recv()
+    assert isinstance(got, Publish) and got.topic == "$history/earliest/sensors/attic/temp"
+    await alice.send(Puback(got.packet_id))
+    await alice.expect_silence()  # her deny rule holds for sensors/secret/temp's history too
+
+
 async def test_without_a_password_file_the_anonymous_section_and_patterns_apply(
     start_node: NodeFactory, tmp_path: Path
 ) -> None:

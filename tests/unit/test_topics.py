@@ -1,4 +1,5 @@
-"""MQTT 3.1.1 section 4.7: topic names, topic filters, matching, shared subscriptions."""
+"""MQTT 3.1.1 section 4.7: topic names, topic filters, matching, shared subscriptions, and
+Headwater's history subscriptions."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from hypothesis import strategies as st
 from mqttcore.errors import MalformedPacket
 from mqttcore.topics import (
     MAX_TOPIC_LEVELS,
+    history_start_ms,
     is_valid_filter,
+    judged_filter,
     matches,
+    original_topic,
+    parse_history,
     parse_shared,
     validate_topic_filter,
     validate_topic_name,
@@ -252,3 +257,71 @@ def test_malformed_shared_filters(filter: str, spec_id: str) -> None:
 def test_plain_filters_named_share_stay_plain() -> None:
     assert is_valid_filter("$share")
     assert parse_shared("$share") is None
+
+
+# -- history subscriptions ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("filter", "expected"),
+    [
+        ("$history/10m/a/#", ("10m", "a/#")),
+        ("$history/earliest/#", ("earliest", "#")),
+        ("$history/2026-11-26T09:00:00Z/+/t", ("2026-11-26T09:00:00Z", "+/t")),
+        ("$history/7d/$SYS/#", ("7d", "$SYS/#")),
+        ("$history/90s//", ("90s", "/")),
+        ("a/b", None),
+        ("$history", None),
+    ],
+)
+def test_parse_history(filter: str, expected: tuple[str, str] | None) -> None:
+    assert parse_history(filter) == expected
+
+
+@pytest.mark.parametrize(
+    "filter",
+    [
+        "$history/",
+        "$history/10m",
+        "$history/10m/",
+        "$history//a",
+        "$history/10/a",
+        "$history/m/a",
+        "$history/-1m/a",
+        "$history/1.5h/a",
+        "$history/10w/a",
+        "$history/\u0661m/a",  # a digit, but not an ASCII one
+        "$history/1234567890123s/a",  # more digits than any retention needs
+        "$history/yesterday/a",
+        "$history/2026-11-26T09:00:00/a",
+        "$history/2026-02-30T00:00:00Z/a",
+        "$history/10m/$share/g/a",
+        "$history/10m/$history/1m/a",
+        "$history/10m/a/#/b",
+        "$history/10m/a+",
+    ],
+)
+def test_malformed_history_filters(filter: str) -> None:
+    assert not is_valid_filter(filter)
+    assert parse_history(filter) is None
+
+
+def test_history_starts() -> None:
+    now = 1_800_000_000_000
+    assert history_start_ms("earliest", now) is None
+    assert history_start_ms("90s", now) == now - 90_000
+    assert history_start_ms("10m", now) == now - 600_000
+    assert history_start_ms("2h", now) == now - 7_200_000
+    assert history_start_ms("7d", now) == now - 604_800_000
+    assert history_start_ms("1970-01-01T00:00:10Z", now) == 10_000
+    assert history_start_ms("999999999999d", now) == 0  # never before the epoch (Kafka's -1, -2)
+
+
+def test_history_is_judged_by_the_filter_and_topic_inside() -> None:
+    assert judged_filter("$history/10m/a/#") == "a/#"
+    assert judged_filter("$share/g/a/#") == "a/#"
+    assert judged_filter("a/#") == "a/#"
+    assert original_topic("$history/10m/a/b") == "a/b"
+    assert original_topic("$history/2026-11-26T09:00:00Z/$SYS/x") == "$SYS/x"
+    assert original_topic("a/b") == "a/b"
+    assert not matches("#", "$history/10m/a/b")  # [MQTT-4.7.2-1]
