@@ -4,18 +4,21 @@ on, then goes on live (``router.history``), to unchanged MQTT 3.1.1 clients."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 from frontend.node import Node
-from mqttcore.packets import Connect, Puback, Publish
+from mqttcore.packets import Puback, Publish
 from mqttcore.session import Session
 from tests.e2e.conftest import NodeFactory, eventually
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.realclients import Clients, Received
 
 SUBACK_FAILURE = 0x80
+JS_DIR = Path(__file__).resolve().parents[1] / "js"
 
 
 def prefix() -> str:
@@ -61,6 +64,31 @@ async def test_history_then_live_in_order_per_topic_for_mosquitto_sub(
     except TimeoutError:
         extra = None
     assert extra is None, f"a duplicate after the switch to live: {extra}"
+
+
+async def test_mqttjs_reads_history(node: Node, clients: Clients) -> None:
+    p = prefix()
+    await publish_each(node, clients, [f"{p}/x", f"{p}/y"], range(40))
+    process = await asyncio.create_subprocess_exec(
+        "node",
+        str(JS_DIR / "history.js"),
+        f"mqtt://127.0.0.1:{node.config.port}",
+        f"$history/2h/{p}/+",
+        "40",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, err.decode()
+    got = [json.loads(line) for line in out.decode().splitlines()]
+    topics: dict[str, list[int]] = {}
+    for message in got:
+        topics.setdefault(message["topic"], []).append(int(message["payload"]))
+    assert topics == {
+        f"$history/2h/{p}/x": list(range(0, 40, 2)),
+        f"$history/2h/{p}/y": list(range(1, 40, 2)),
+    }
+    assert {message["qos"] for message in got} == {1}
 
 
 async def test_a_utc_start_gives_what_came_after_it_and_earliest_everything(

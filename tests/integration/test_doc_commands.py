@@ -88,6 +88,9 @@ PLAN: dict[str, Plan] = {
     "mosquitto_sub -h 127.0.0.1 -p 1883 -t '$share/workers/jobs/+/run' -q 1": Plan(
         "stays", "job-1"
     ),
+    "mosquitto_sub -h 127.0.0.1 -p 1883 -t '$history/10m/sensors/#' -q 1 -v": Plan(
+        "stays", "$history/10m/sensors/dev42/temp 21.5"
+    ),
     "headwater stats": Plan("run", r"node\d"),
     "mosquitto_pub --cafile .headwater/certs/ca.crt -h 127.0.0.1 -p 8883 -t t -m over-tls": Plan(
         "run"

@@ -132,6 +132,14 @@ class FakeLog:
     async def low_watermarks(self, partitions: Any) -> dict[int, int]:
         return dict.fromkeys(partitions, 0)
 
+    async def offsets_at(self, partitions: Any, time_ms: int) -> dict[int, int]:
+        found = {}
+        for p in partitions:
+            held = self.partitions.get(p, [])
+            later = (o for o, m in enumerate(held) if m.timestamp_ms >= time_ms)
+            found[p] = next(later, len(held))
+        return found
+
     def produce(self, message: Message, on_delivery: Any, kind: str = "client") -> bool:
         self.produced.append(message)
         return True

@@ -4,6 +4,7 @@ queue bound.  Over fakes of our own interfaces (``tests.unit.fakes``), no Kafka.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -237,3 +238,80 @@ async def test_qos_1_subscribers_of_a_large_message_share_its_payload_not_a_copy
 def _warm_up() -> tuple[Message, int, bool, PublishTemplate]:
     warm = message("warm/up", qos=1)
     return warm, 1, False, PublishTemplate(warm.topic, warm.payload, 1)
+
+
+# -- history streams (router.history) ------------------------------------------------------------
+
+SINCE = "1970-01-01T00:00:05Z"
+"""5,000 ms after the epoch: the records below are stamped 1,000 ms apart from 1,000."""
+
+
+async def with_history(**limits: int) -> tuple[FakeLog, Dispatcher, FakeClient, Live]:
+    """A client subscribed to ``d/#`` and to ``$history/<SINCE>/d/#`` (both QoS 1), over ten
+    QoS 1 records of ``d/1`` stamped 1 to 10 s after the epoch, the first four before SINCE."""
+    log = FakeLog()
+    dispatcher, client = connected(log, **limits)
+    live = Live(log, dispatcher, "d/1")
+    for i in range(10):
+        live.records.append(replace(message("d/1", payload=b"%d" % i), timestamp_ms=1000 * (i + 1)))
+    _, new = await dispatcher.subscribe(client.session, [("d/#", 1), (f"$history/{SINCE}/d/#", 1)])
+    dispatcher.activate(client.session, new)
+    return log, dispatcher, client, live
+
+
+async def test_a_history_stream_reads_from_its_time_then_goes_live_with_no_gap_or_duplicate() -> (
+    None
+):
+    log, dispatcher, client, live = await with_history(max_inflight=2, max_queued=2)
+    session = client.session
+    assert dispatcher.is_behind(session)
+    await pump(log, lambda: not dispatcher.is_behind(session), client.ack_all)
+    live.publish(3)  # live now for both subscriptions: one copy each
+    await pump(log, session.settled, client.ack_all)
+    got = [(x.topic, int(x.payload)) for x in client.received()]
+    history = [n for topic, n in got if topic == f"$history/{SINCE}/d/1"]
+    plain = [n for topic, n in got if topic == "d/1"]
+    assert history == [4, 5, 6, 7, 8, 9, 10, 11, 12]
+    assert plain == [10, 11, 12]
+    assert session.dropped == 0 and dispatcher.counters.messages_dropped == 0
+    assert dispatcher.client_count == 1 and dispatcher.subscription_count == 2
+
+
+async def test_history_keeps_qos_0_messages_while_the_queue_is_full() -> None:
+    log = FakeLog()
+    dispatcher, client = connected(log, max_inflight=1, max_queued=1)
+    live = Live(log, dispatcher, "d/1")
+    live.publish(6, qos=0)
+    _, new = await dispatcher.subscribe(client.session, [("$history/earliest/d/1", 1)])
+    dispatcher.activate(client.session, new)
+    await pump(log, lambda: not dispatcher.is_behind(client.session), client.ack_all)
+    live.publish(4, qos=0)  # live, past a full queue: read back from the log, not dropped
+    await pump(log, lambda: len(client.received()) == 10, client.ack_all)
+    assert [int(x.payload) for x in client.received()] == list(range(10))
+    assert {x.qos for x in client.received()} == {0}
+    assert dispatcher.counters.messages_dropped == 0
+
+
+async def test_a_session_is_stored_where_its_history_stream_is() -> None:
+    log, dispatcher, client, live = await with_history(max_inflight=1, max_queued=1)
+    session = client.session
+    # d/# is live at 10; the history stream has 4 in flight and 5 queued (its place: 4).
+    assert dispatcher.positions_for(session) == {live.partition: 4}
+    await pump(log, lambda: not dispatcher.is_behind(session), client.ack_all)
+    await pump(log, session.settled, client.ack_all)
+    assert dispatcher.positions_for(session) == {live.partition: 10}
+
+
+async def test_unsubscribing_or_leaving_ends_the_history_stream() -> None:
+    log, dispatcher, client, _ = await with_history()
+    session = client.session
+    dispatcher.unsubscribe(session, [f"$history/{SINCE}/d/#"])
+    assert dispatcher.history_streams == 0 and not dispatcher.is_behind(session)
+    assert list(session.subscriptions) == ["d/#"]
+    dispatcher.unsubscribe(session, ["d/#"])
+    assert log.reader.assigned() == []  # no stream needs the partition any more
+    _, new = await dispatcher.subscribe(session, [(f"$history/{SINCE}/d/#", 1)])
+    dispatcher.activate(session, new)
+    dispatcher.detach(session, client)
+    assert dispatcher.history_streams == 0 and dispatcher.client_count == 0
+    assert log.reader.assigned() == []
