@@ -60,6 +60,7 @@ from frontend.values import (
 )
 from mqttcore.channel import Limits
 from mqttcore.codec import DEFAULT_MAX_CONNECT_SIZE, DEFAULT_MAX_WILL_SIZE
+from router.history import DEFAULT_MAX_HISTORY, DEFAULT_MAX_HISTORY_PER_CLIENT
 from router.partitioner import DEFAULT_ROUTING_DEPTH
 from router.relay_records import INBOUND_TOPIC, Export, inbound_topic_name, parse_export
 from router.shared import DEFAULT_MAX_SHARE_GROUPS, DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT
@@ -268,6 +269,12 @@ SETTINGS: dict[str, Setting] = {
         Setting("history-max-age", SECONDS, 0, "seconds back a $history/<since>/ subscription "
                 "may start at most (an earlier <since> starts there); 0: all the log holds",
                 high=10**9),
+        Setting("max-history", INTEGER, DEFAULT_MAX_HISTORY, "$history subscriptions read "
+                "on this node at once (each a cursor of the catch-up consumer); a $history "
+                "filter beyond is refused (0x80); 0: none", 0, 100_000, more="counted"),
+        Setting("max-history-per-client", INTEGER, DEFAULT_MAX_HISTORY_PER_CLIENT,
+                "$history filters per client; a SUBSCRIBE beyond is refused (0x80); 0: none",
+                0, 10_000, more="counted"),
         Setting("max-retained", INTEGER, DEFAULT_MAX_RETAINED, "retained messages kept, "
                 f"cluster-wide; {_RECORDS}", 1, 10**10, more="`retained_over_limit`, logged "
                 "once a minute; Mosquitto has no bound, nor EMQX's `max_retained_messages` by "
@@ -410,6 +417,8 @@ class NodeConfig:
     max_share_groups: int = declared("max-share-groups")
     max_share_groups_per_client: int = declared("max-share-groups-per-client")
     history_max_age: float = declared("history-max-age")
+    max_history: int = declared("max-history")
+    max_history_per_client: int = declared("max-history-per-client")
     max_retained: int = declared("max-retained")
     max_retained_bytes: int = declared("max-retained-bytes")
     drain_timeout: int = declared("drain-timeout")

@@ -84,6 +84,8 @@ COUNTERS = {
     "share_groups_refused": "$share filters refused (0x80), or not served after a resume, for "
     "--max-share-groups or --max-share-groups-per-client.",
     "share_messages_denied": "Shared messages no member on this node may read (finished unread).",
+    "history_refused": "$history filters refused (0x80) for --max-history or "
+    "--max-history-per-client.",
     "refused_max_connections": "Connections closed at accept for --max-connections.",
     "proxy_header_errors": "Connections closed for a malformed, truncated or missing PROXY header.",
     "handshake_timeouts": "Connections without their PROXY header, TLS handshake or WebSocket "
@@ -121,6 +123,7 @@ GAUGES = {
     "clients": "Connected clients.",
     "clients_behind": "Clients reading on from the log now.",
     "share_groups": "$share groups with members on this node now (a Kafka consumer each).",
+    "history_streams": "$history subscriptions this node reads for now.",
     "sessions_catching_up": "Sessions the catch-up consumer is reading for now.",
     "sessions_active": "Persistent sessions the saver looks at each round.",
     "kafka_available": "1 while Kafka takes writes.",

@@ -60,6 +60,7 @@ from frontend.values import ConfigError
 from frontend.workers import run_workers
 from mqttcore.codec import ConnectBounds
 from router.dispatch import Dispatcher
+from router.history import HistoryLimits
 from router.log import KafkaLog, LogSettings
 from router.partitioner import Router
 from router.record import wall_clock_stamps
@@ -116,7 +117,10 @@ class Node:
             self.router,
         )
         shares = ShareLimits(config.max_share_groups, config.max_share_groups_per_client)
-        self.dispatcher = Dispatcher(self.log, self.router, shares, config.history_max_age)
+        history = HistoryLimits(
+            config.history_max_age, config.max_history, config.max_history_per_client
+        )
+        self.dispatcher = Dispatcher(self.log, self.router, shares, history)
         self.log.reader.on_records = self.dispatcher.dispatch
         stamps = wall_clock_stamps(config.node_id)
         self.retained_limits = RetainedLimits(config.max_retained, config.max_retained_bytes)

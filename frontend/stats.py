@@ -95,6 +95,8 @@ def snapshot(
         "shared_groups": dispatcher.share_names(),
         "share_groups": len(dispatcher.shares.groups),
         "share_groups_refused": dispatcher.shares.refused,
+        "history_streams": dispatcher.history_streams,
+        "history_refused": dispatcher.history_refused,
         "share_messages_denied": dispatcher.shares.denied,
         "kafka_available": klog.available,
         "redis_reachable": sessions.coordinator is None or sessions.coordinator.redis_reachable,

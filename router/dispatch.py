@@ -36,7 +36,7 @@ from mqttcore.message import Message
 from mqttcore.session import Outbound, Session
 from router.backlog import Backlog
 from router.delivery import Client, Counters, Subscriber, delivery_qos, template_for
-from router.history import HistoryFeed, HistoryView, start_time, stream_id
+from router.history import HistoryFeed, HistoryLimits, HistoryView, start_time, stream_id
 from router.log import KafkaLog
 from router.partitioner import Router
 from router.record import Record
@@ -56,7 +56,7 @@ class Dispatcher:
         log_: KafkaLog,
         router: Router,
         share_limits: ShareLimits | None = None,
-        history_max_age: float = 0.0,
+        history_limits: HistoryLimits | None = None,
     ) -> None:
         self.log = log_
         self.subscriptions = Subscriptions(log_, router)
@@ -68,12 +68,13 @@ class Dispatcher:
         """Persistent sessions given a message since the session manager last took this."""
         self.shares = ShareGroups(log_, router, share_limits or ShareLimits(), self._share)
         self.watchers = Watchers(self.subscriptions)
-        self.history_max_age = history_max_age
-        """Seconds back a history subscription may start at most (0: all the log holds)."""
+        self.history_limits = history_limits or HistoryLimits()
         self._starting: dict[str, tuple[HistoryView, dict[int, int]]] = {}
         """History streams subscribed to but not started yet (until their SUBACK is sent)."""
         self.history_streams = 0
         """History streams running here (each is in ``_clients`` under its own id)."""
+        self.history_refused = 0
+        """History filters refused (0x80) for the bounds of ``history_limits``."""
 
     # -- clients ------------------------------------------------------------------------------
 
@@ -188,6 +189,23 @@ class Dispatcher:
 
     # -- history ------------------------------------------------------------------------------
 
+    def admit(self, session: Session, requests: list[tuple[str, int]]) -> set[str]:
+        """The ``$share`` and ``$history`` filters of a SUBSCRIBE that a bound refuses (0x80);
+        the share groups of the others are joined (``router.shared``)."""
+        refused = self.shares.admit(session, requests)
+        limits, held = self.history_limits, session.subscriptions
+        mine = sum(1 for f in held if f.startswith(topics.HISTORY_PREFIX))
+        running = self.history_streams + len(self._starting)
+        for topic_filter, _ in requests:
+            if not topic_filter.startswith(topics.HISTORY_PREFIX) or topic_filter in held:
+                continue
+            if mine >= limits.per_client or running >= limits.per_node:
+                refused.add(topic_filter)
+                self.history_refused += 1
+            else:
+                mine, running = mine + 1, running + 1
+        return refused
+
     async def _subscribe_history(
         self, session: Session, requests: list[tuple[str, int]], positions: dict[int, int] | None
     ) -> tuple[list[tuple[str, int]], list[str]]:
@@ -231,7 +249,7 @@ class Dispatcher:
         begin = {p: positions[p] for p in partitions if p in positions}
         missing = [p for p in partitions if p not in begin]
         if missing:
-            start = start_time(since, int(time.time() * 1000), self.history_max_age)
+            start = start_time(since, int(time.time() * 1000), self.history_limits.max_age)
             if start is None:
                 begin.update(await self.log.low_watermarks(missing))
             else:

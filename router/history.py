@@ -18,6 +18,11 @@ the lower of the subscription's QoS and its own, in log order per partition (so 
 is judged by the read rules under its original topic (``mqttcore.session``).  A message whose
 topic would pass 65535 bytes with the prefix cannot be sent and is counted as dropped.
 
+Bounds (``HistoryLimits``): a client holds at most ``per_client`` history subscriptions and a
+node runs at most ``per_node``; a SUBSCRIBE beyond gets 0x80 (counted), as for ``$share``.  Each
+stream is a cursor of the one catch-up consumer, which offers every record it reads to each
+cursor on its partition: the node bound caps that work.  ``max_age`` bounds how far back.
+
 A persistent session stores one position per partition: the lowest of what its plain
 subscriptions and its history streams still need (``Dispatcher.positions_for``).  A history
 stream resumes from there, where it was; plain subscriptions of the same session may then get
@@ -26,12 +31,26 @@ again, at QoS 1/2, what they were given after that point (at least once, never l
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass
 
 from mqttcore import topics
 from mqttcore.codec import PublishTemplate
+from mqttcore.message import Message
 from mqttcore.session import Outbound, Session
 from router.delivery import Counters, Subscriber
+
+DEFAULT_MAX_HISTORY = 256
+DEFAULT_MAX_HISTORY_PER_CLIENT = 4
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryLimits:
+    """``--history-max-age`` (seconds, 0: all the log holds), ``--max-history`` (streams per
+    node) and ``--max-history-per-client``; a bound of 0 refuses every history filter."""
+
+    max_age: float = 0.0
+    per_node: int = DEFAULT_MAX_HISTORY
+    per_client: int = DEFAULT_MAX_HISTORY_PER_CLIENT
 
 
 def stream_id(client_id: str, history_filter: str) -> str:
@@ -68,7 +87,11 @@ class HistoryFeed:
         self.counters = counters
 
     def deliver(self, out: Outbound) -> None:
-        message = replace(out.message, topic=self.prefix + out.message.topic)
+        m = out.message
+        message = Message(
+            self.prefix + m.topic, m.payload, m.qos, m.retain, m.client_id, m.origin_node,
+            m.timestamp_ms, m.message_id,
+        )  # fmt: skip
         try:
             template = PublishTemplate(message.topic, message.payload, out.qos)
         except ValueError:  # the topic with the prefix passes 65535 bytes

@@ -353,8 +353,8 @@ class SessionManager:
     # -- subscriptions ------------------------------------------------------------------------
 
     def admit(self, owned: Owned, granted: list[tuple[str, int]]) -> set[str]:
-        """The shared filters of ``granted`` the node's share-group bounds refuse (0x80)."""
-        return self.dispatcher.shares.admit(owned.session, granted)
+        """The shared and history filters of ``granted`` the node's bounds refuse (0x80)."""
+        return self.dispatcher.admit(owned.session, granted)
 
     async def subscribe(
         self, owned: Owned, granted: list[tuple[str, int]]

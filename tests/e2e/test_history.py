@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from frontend.node import Node
-from mqttcore.packets import Puback, Publish
+from mqttcore.packets import Puback, Publish, Unsuback, Unsubscribe
 from mqttcore.session import Session
 from tests.e2e.conftest import NodeFactory, eventually
 from tests.e2e.rawmqtt import RawClient
@@ -190,3 +190,20 @@ async def test_a_persistent_history_subscription_resumes_where_it_was(
     got = {int(m.payload) for m in [await back.next_message() for _ in range(total - 50)]}
     assert got | set(taken) == set(range(total))
     assert len(got & set(taken)) <= Session("x", False).max_inflight  # resent, at most
+
+
+async def test_history_bounds_refuse_with_0x80_and_are_counted(start_node: NodeFactory) -> None:
+    node = await start_node(max_history=3, max_history_per_client=2)
+    a = await RawClient.connected(node.config.port, "h-bound-a")
+    wanted = [(f"$history/{n}m/a/#", 1) for n in (1, 2, 3)]
+    assert list((await a.subscribe(*wanted)).return_codes) == [1, 1, 0x80]
+    assert list((await a.subscribe(wanted[0], packet_id=2)).return_codes) == [1]  # held: no more
+    b = await RawClient.connected(node.config.port, "h-bound-b")
+    assert list((await b.subscribe(wanted[0], wanted[1])).return_codes) == [1, 0x80]  # node: 3
+    assert (node.dispatcher.history_streams, node.dispatcher.history_refused) == (3, 2)
+    await a.send(Unsubscribe(3, ("$history/1m/a/#",)))
+    assert isinstance(await a.recv(), Unsuback)
+    assert list((await b.subscribe(wanted[1], packet_id=2)).return_codes) == [1]
+    await a.close()
+    await b.close()
+    await eventually(lambda: node.dispatcher.history_streams == 0, what="the streams to end")
