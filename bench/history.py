@@ -12,7 +12,9 @@ One node of ``headwater dev up``.  The log is filled first: 8 publishers flood Q
   history from its start;
 * **subscribing**: the time from SUBSCRIBE to SUBACK for a history filter that maps to every
   partition (``hist/#``) and for one that maps to one (``hist/1``), each reading from 5 s back
-  (nothing): the price of finding Kafka's offsets for a time.
+  (nothing): the price of finding Kafka's offsets for a time;
+* **a greedy client**: one SUBSCRIBE of 1,000 distinct history filters of the whole log
+  (``$history/<n>d/hist/#``): what is granted, and the node's CPU and memory over 5 s.
 
 The readers run in processes of their own (``multiprocessing``, as the load generator's roles),
 on ``bench.mqtt``: nothing here imports the product.
@@ -32,7 +34,15 @@ from pathlib import Path
 from bench import mqtt
 from bench.brokers import Broker, Headwater
 from bench.load import Groups, Role, Timing
-from bench.measure import Meter, machine, node_stats, percentile, threads, tree_cpu_seconds
+from bench.measure import (
+    Meter,
+    machine,
+    node_stats,
+    percentile,
+    rss_kib,
+    threads,
+    tree_cpu_seconds,
+)
 from bench.mqtt import PUBACKS, PUBLISH, SUBACK, Endpoint
 from bench.report import table, wrap
 from bench.throughput import SCENARIOS, Settings, measure, warm_kafka
@@ -43,6 +53,7 @@ FILL_ROUND = 10.0
 IDLE = 10.0
 """A reader that got nothing for this long has read everything."""
 HISTORY = "$history/earliest/hist/#"
+GREEDY = 1000
 
 
 @dataclass
@@ -79,6 +90,10 @@ class Run:
     beside_read: Read = field(default_factory=Read)
     subscribe_all: list[float] = field(default_factory=list)
     subscribe_one: list[float] = field(default_factory=list)
+    greedy: tuple[int, int] = (0, 0)
+    """Of ``GREEDY`` history filters in one SUBSCRIBE: granted, refused."""
+    greedy_cost: tuple[float, int] = (0.0, 0)
+    """The node's CPU seconds and resident growth (KiB) over the 5 s after it."""
     seconds: float = 0.0
 
 
@@ -188,6 +203,17 @@ def subscribe_times(at: Endpoint, history_filter: str, rounds: int) -> list[floa
     return times
 
 
+async def _greedy(at: Endpoint) -> tuple[int, int]:
+    stream = await mqtt.connected(at, "history-greedy")
+    wanted = [f"$history/{n + 1}d/hist/#" for n in range(GREEDY)]
+    stream.send(mqtt.subscribe(1, wanted, 1))
+    suback = await stream.expect(SUBACK, 60.0)
+    codes = suback[2:] if suback is not None else b""
+    await asyncio.sleep(5.0)
+    stream.close()
+    return sum(c != 0x80 for c in codes), sum(c == 0x80 for c in codes)
+
+
 def run(
     work: Path,
     headwater: Headwater,
@@ -223,6 +249,9 @@ def run(
         progress(f"history: live p99 {out.baseline[1]:.1f} ms alone, {out.beside[1]:.1f} beside")
         out.subscribe_all = subscribe_times(at, "$history/5s/hist/#", 5)
         out.subscribe_one = subscribe_times(at, "$history/5s/hist/1", 5)
+        meter, rss = Meter([pid], tree_cpu_seconds), rss_kib([pid])
+        out.greedy = asyncio.run(_greedy(at))
+        out.greedy_cost = (sum(meter.used()), rss_kib([pid]) - rss)
     out.seconds = time.monotonic() - started
     return out
 
@@ -253,6 +282,10 @@ def render(run: Run) -> str:
         ["SUBSCRIBE to SUBACK, `$history/5s/hist/#` (every partition), median of 5",
          _median_ms(run.subscribe_all)],
         ["the same, `$history/5s/hist/1` (one partition)", _median_ms(run.subscribe_one)],
+        [f"one SUBSCRIBE of {GREEDY:,} history filters of the whole log: granted / refused; "
+         "node CPU and resident growth over 5 s",
+         f"{run.greedy[0]:,} / {run.greedy[1]:,}; {run.greedy_cost[0]:.1f} s, "
+         f"{run.greedy_cost[1] / 1024:+.1f} MiB"],
     ]  # fmt: skip
     lines = [
         "## History: reading the log through `$history/<since>/<filter>`",
