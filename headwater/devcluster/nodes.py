@@ -130,12 +130,14 @@ def node_specs(
     security: NodeSecurity | None = None,
     workers: int = 1,
     exports: tuple[str, ...] = (),
+    avoid: frozenset[int] = frozenset(),
 ) -> list[NodeSpec]:
     """`count` nodes named node0.., each on fresh loopback ports: plain MQTT and stats (one
-    per worker, consecutive), plus TLS and WebSocket where asked."""
+    per worker, consecutive), plus TLS and WebSocket where asked; none of them in `avoid` (the
+    cluster's own ports, which HAProxy binds after the nodes started)."""
     shared = security or NodeSecurity()
-    ports = _distinct_free_ports(count * 3)
-    taken = set(ports)
+    ports = _distinct_free_ports(count * 3, avoid)
+    taken = set(ports) | avoid
     specs = []
     for i in range(count):
         plain, tls_port, ws_port = ports[3 * i : 3 * i + 3]
@@ -153,12 +155,13 @@ def node_specs(
     return specs
 
 
-def _distinct_free_ports(count: int) -> list[int]:
-    """`count` free loopback ports, no two alike (the system may hand one out twice in a row)."""
+def _distinct_free_ports(count: int, avoid: frozenset[int] = frozenset()) -> list[int]:
+    """`count` free loopback ports, no two alike (the system may hand one out twice in a row),
+    none in `avoid`."""
     ports: list[int] = []
     while len(ports) < count:
         port = free_port()
-        if port not in ports:
+        if port not in ports and port not in avoid:
             ports.append(port)
     return ports
 

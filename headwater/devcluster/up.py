@@ -278,6 +278,7 @@ class DevCluster:
             security=self.node_security(),
             workers=options.workers,
             exports=options.exports,
+            avoid=frozenset(port for port, _ in options.public_ports()),
         )
         log_dir = self.state_dir / "nodes"
         for spec in specs:

@@ -28,6 +28,7 @@ from frontend.workers import (
     worker_environment,
 )
 from headwater.cli import build_parser as cli_parser
+from headwater.devcluster import nodes
 from headwater.devcluster.nodes import NodeSpec, node_specs
 from headwater.devcluster.state import ProcessRecord
 from headwater.services.ports import free_port
@@ -312,3 +313,15 @@ def test_dev_status_shows_every_workers_ready_answer() -> None:
     port = free_port()
     record = ProcessRecord("node0", os.getpid(), None, ready_port=port, workers=2)
     assert _status_line(record, time.time()).endswith("ready: 1: down, 2: down")
+
+
+def test_node_ports_never_take_the_clusters_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HAProxy binds the cluster's ports after the nodes started: a node on one of them would
+    make it fail (seen once in a suite: "cannot bind socket (Address already in use)")."""
+    offered = iter([41000, 41001, 41002, 41000, 41003, 41004, 41005, 41006, 41007] * 20)
+    monkeypatch.setattr(nodes, "free_port", lambda: next(offered))
+    monkeypatch.setattr(nodes, "_is_free", lambda port: True)
+    specs = node_specs(1, "k:9092", "redis://r:6379/0", 12, tls=True, ws=True,
+                       avoid=frozenset({41001, 41004}))  # fmt: skip
+    used = {specs[0].port, specs[0].tls_port, specs[0].ws_port, specs[0].stats_port}
+    assert not used & {41001, 41004} and len(used) == 4
