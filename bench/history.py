@@ -5,8 +5,9 @@ One node of ``headwater dev up``.  The log is filled first: 8 publishers flood Q
 ``messages_received_by_qos``; each goes to the log).  Then, measured:
 
 * **read alone**: one raw client subscribes ``$history/earliest/hist/#`` at QoS 1 (a filter that
-  maps to every partition) and PUBACKs each message: what it got, the seconds from its SUBACK to
-  the last one, the rate, and the node's CPU per message and threads;
+  maps to every partition; the messages were published at QoS 0, so they come at QoS 0): what it
+  got, the seconds from its SUBACK to the last one, the rate, and the node's CPU per message and
+  threads;
 * **live latency beside it**: ``latency-qos1`` of ``bench.throughput`` (1,000 QoS 1 msg/s through
   the same node, p50 and p99, and its loss), alone, then while a second client reads the same
   history from its start;
@@ -271,7 +272,8 @@ def render(run: Run) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = [
         ["filled: QoS 0 flood on 8 topics", f"{run.filled:,} messages at {run.fill_rate:,.0f}/s"],
-        [f"`{HISTORY}` read alone, QoS 1 acked", _read_cell(run.alone)],
+        [f"`{HISTORY}` read alone (granted QoS 1; the messages are QoS 0, so sent at 0)",
+         _read_cell(run.alone)],
         ["node CPU per message read; threads before -> at most",
          f"{run.alone_cpu_us:.1f} us; {run.threads[0]} -> {run.threads[1]}"],
         ["the same read, beside live traffic", _read_cell(run.beside_read)],
