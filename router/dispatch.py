@@ -225,17 +225,14 @@ class Dispatcher:
             view = running.session if running is not None else None
             if view is None and key in self._starting:
                 view = self._starting[key][0]
-            session.subscriptions[topic_filter] = qos
             if view is not None:  # subscribed again: the new QoS, the stream goes on
                 await self.subscriptions.add(view, [(real, qos)])
+                session.subscriptions[topic_filter] = qos
                 continue
             view = HistoryView(session, topic_filter, since, real)
             begin = await self._history_begin(real, since, positions or {})
-            try:
-                await self.subscriptions.add(view, [(real, qos)], resume_from=begin)
-            except Exception:
-                del session.subscriptions[topic_filter]
-                raise
+            await self.subscriptions.add(view, [(real, qos)], resume_from=begin)
+            session.subscriptions[topic_filter] = qos  # the session's once its stream is set
             self._starting[key] = (view, begin)
             new.append(topic_filter)
         return rest, new

@@ -13,6 +13,7 @@ from mqttcore.message import Message
 from mqttcore.session import Outbound, Session
 from router.delivery import delivery_qos
 from router.dispatch import Dispatcher
+from router.history import start_time
 from router.partitioner import Router
 from router.record import Record
 from tests.unit.fakes import FakeClient, FakeLog, message, pump
@@ -315,3 +316,27 @@ async def test_unsubscribing_or_leaving_ends_the_history_stream() -> None:
     dispatcher.detach(session, client)
     assert dispatcher.history_streams == 0 and dispatcher.client_count == 0
     assert log.reader.assigned() == []
+
+
+def test_history_max_age_bounds_how_far_back() -> None:
+    now = 1_800_000_000_000
+    assert start_time("earliest", now, 0) is None  # all the log holds
+    assert start_time("earliest", now, 60) == now - 60_000
+    assert start_time("10m", now, 60) == now - 60_000
+    assert start_time("30s", now, 60) == now - 30_000
+    assert start_time("1970-01-01T00:00:01Z", now, 0) == 1_000
+
+
+async def test_a_history_subscribe_the_log_cannot_answer_leaves_nothing_behind() -> None:
+    log = FakeLog()
+    dispatcher, client = connected(log)
+
+    async def no_answer(partitions: object, time_ms: int) -> dict[int, int]:
+        raise ConnectionError("Kafka is away")
+
+    log.offsets_at = no_answer  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        await dispatcher.subscribe(client.session, [("$history/10m/d/#", 1)])
+    assert client.session.subscriptions == {} and log.reader.assigned() == []
+    dispatcher.detach(client.session, client)
+    assert dispatcher.history_streams == 0
