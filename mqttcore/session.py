@@ -367,10 +367,12 @@ class Session:
         return not self.inflight and not self._queue
 
     def queued_from_log(self) -> dict[int, int]:
-        """Per partition, the lowest offset of a queued live message (not yet sent)."""
+        """Per partition, the lowest offset of a queued message from the log (not yet sent) that
+        is read again if the client goes: QoS 1/2, and a history stream's QoS 0 too."""
         lowest: dict[int, int] = {}
         for out in self.queue:
-            live = out.offset >= 0 and not out.retain and out.qos > 0
+            kept = out.qos > 0 or out.message.topic.startswith(topics.HISTORY_PREFIX)
+            live = out.offset >= 0 and not out.retain and kept
             if live and out.offset < lowest.get(out.partition, out.offset + 1):
                 lowest[out.partition] = out.offset
         return lowest

@@ -77,17 +77,23 @@ class HistoryView(Session):
 
 
 class HistoryFeed:
-    """Hands a history stream's messages to the client's connection, under their history topic."""
+    """Hands a history stream's messages to the client's connection, under their history topic.
+    For a UTC time, only messages stamped from then on: Kafka's offset for a time is the first
+    record stamped at or after it, and a record after it may still carry an earlier time (two
+    nodes' clocks), or the time may be still to come (the stream then starts live)."""
 
-    __slots__ = ("counters", "prefix", "subscriber")
+    __slots__ = ("counters", "prefix", "since_ms", "subscriber")
 
     def __init__(self, subscriber: Subscriber, since: str, counters: Counters) -> None:
         self.subscriber = subscriber
         self.prefix = f"{topics.HISTORY_PREFIX}{since}/"
         self.counters = counters
+        self.since_ms = (topics.history_start_ms(since, 0) or 0) if since.endswith("Z") else 0
 
     def deliver(self, out: Outbound) -> None:
         m = out.message
+        if m.timestamp_ms < self.since_ms:
+            return
         message = Message(
             self.prefix + m.topic, m.payload, m.qos, m.retain, m.client_id, m.origin_node,
             m.timestamp_ms, m.message_id,

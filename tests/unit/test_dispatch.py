@@ -340,3 +340,16 @@ async def test_a_history_subscribe_the_log_cannot_answer_leaves_nothing_behind()
     assert client.session.subscriptions == {} and log.reader.assigned() == []
     dispatcher.detach(client.session, client)
     assert dispatcher.history_streams == 0
+
+
+async def test_a_utc_start_gives_only_messages_stamped_from_then_on() -> None:
+    log = FakeLog()
+    dispatcher, client = connected(log)
+    live = Live(log, dispatcher, "d/1")
+    stamps = [1000, 6000, 4000, 7000]  # the third from a node whose clock is behind
+    for i, stamp in enumerate(stamps):
+        live.records.append(replace(message("d/1", payload=b"%d" % i), timestamp_ms=stamp))
+    _, new = await dispatcher.subscribe(client.session, [(f"$history/{SINCE}/d/#", 1)])
+    dispatcher.activate(client.session, new)
+    await pump(log, lambda: not dispatcher.is_behind(client.session), client.ack_all)
+    assert [int(x.payload) for x in client.received()] == [1, 3]

@@ -473,3 +473,15 @@ class SessionMachine(RuleBasedStateMachine):
 
 SessionMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 test_session_state_machine = SessionMachine.TestCase
+
+
+def test_queued_messages_read_again_after_the_client_goes_include_history_qos_0() -> None:
+    session = Session("c", clean=False)
+
+    def from_log(topic: str, qos: int, offset: int) -> Outbound:
+        message = STAMPS.message(topic, b"x", qos, False, "publisher")
+        return Outbound(message, qos, False, PublishTemplate(topic, b"x", qos), 0, False, 3, offset)
+
+    for out in (from_log("a/b", 0, 10), from_log("$history/1h/a/b", 0, 20), from_log("a/b", 1, 30)):
+        assert session.deliver(out, online=True, writable=False) is None  # the socket backed up
+    assert session.queued_from_log() == {3: 20}  # a plain QoS 0 one is not kept for the client
