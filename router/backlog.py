@@ -163,14 +163,16 @@ class Backlog:
         client_id = session.client_id
         behind = client.behind
         assert behind is not None
-        # In flight from before a reconnect, resent already (a history stream's went out under
-        # another topic, and is not one of these).
-        resent = {(o.partition, o.offset, o.message.topic) for o in session.inflight.values()}
+        # In flight from before a reconnect, resent already: the same record under the same topic
+        # (a history stream's copy goes out under its prefix, a plain one under the topic).
+        owner = session if client.owner is None else client.owner
+        resent = {(o.partition, o.offset, o.message.topic) for o in owner.inflight.values()}
+        prefix = client.prefix
         delivered = 0
 
         def take(rec: Record) -> bool:
             nonlocal delivered
-            if (rec.partition, rec.offset, rec.message.topic) in resent:
+            if (rec.partition, rec.offset, prefix + rec.message.topic) in resent:
                 return True
             granted = self._granted(rec).get(client_id)
             qos = 0 if granted is None else delivery_qos(granted, rec.message.qos)

@@ -63,6 +63,8 @@ class Client:
     stream's client's."""
     keeps_qos0: bool = False
     """Reads QoS 0 messages back from the log too (a history stream), never drops them."""
+    prefix: str = ""
+    """What a message's topic goes out under (a history stream's ``$history/<since>/``)."""
     behind: dict[int, int] | None = None
     """While it catches up from the log: per partition, the next offset it needs."""
     rewind: dict[int, int] | None = None

@@ -266,7 +266,7 @@ class Dispatcher:
                 self.subscriptions.forget(view.client_id, list(view.subscriptions))
                 continue
             feed = HistoryFeed(owner.subscriber, view.since, self.counters)
-            client = Client(view, feed, owner=session, keeps_qos0=True)
+            client = Client(view, feed, owner=session, keeps_qos0=True, prefix=feed.prefix)
             self._clients[key] = client
             self.history_streams += 1
             self.backlog.start(client, dict(begin))

@@ -353,3 +353,18 @@ async def test_a_utc_start_gives_only_messages_stamped_from_then_on() -> None:
     dispatcher.activate(client.session, new)
     await pump(log, lambda: not dispatcher.is_behind(client.session), client.ack_all)
     assert [int(x.payload) for x in client.received()] == [1, 3]
+
+
+async def test_a_resumed_history_stream_does_not_send_again_what_is_resent_in_flight() -> None:
+    p = partition_of("d/1")
+    log = FakeLog({p: [message("d/1", payload=b"%d" % i) for i in range(5)]})
+    dispatcher, client = connected(log)
+    session = client.session
+    topic = "$history/earliest/d/1"
+    in_flight = replace(log.partitions[p][2], topic=topic)  # restored from the store
+    template = PublishTemplate(topic, in_flight.payload, 1)
+    session.inflight[1] = Outbound(in_flight, 1, False, template, 1, False, p, 2)
+    await dispatcher.resume(session, [("$history/earliest/d/#", 1), ("d/#", 1)], {p: 2})
+    await pump(log, lambda: not dispatcher.is_behind(session), lambda: None)  # nothing acked
+    got = sorted((x.topic, int(x.payload)) for x in client.received())
+    assert got == [(topic, 3), (topic, 4), ("d/1", 2), ("d/1", 3), ("d/1", 4)]
