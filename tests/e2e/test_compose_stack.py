@@ -17,8 +17,10 @@ compose-up`` installs both.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import random
 import shutil
 import ssl
 import subprocess
@@ -56,6 +58,25 @@ def eventually(check: Callable[[], bool], what: str, timeout: float = TIMEOUT) -
         time.sleep(0.2)
 
 
+def free_edge_octet() -> int:
+    """An X for the stack's fixed edge network 172.31.X.0/24 that no Docker network on the
+    engine holds (a suite beside another one, or a stack left up, would make creating it fail:
+    "Pool overlaps with other one on this address space")."""
+    ids = compose.docker("network", "ls", "-q").stdout.split()
+    held = compose.docker("network", "inspect", *ids).stdout if ids else "[]"
+    subnets = [
+        ipaddress.ip_network(config["Subnet"])
+        for network in json.loads(held)
+        for config in (network.get("IPAM") or {}).get("Config") or []
+        if "." in config.get("Subnet", "")
+    ]
+    for octet in random.sample(range(200, 250), 50):
+        edge = ipaddress.ip_network(f"172.31.{octet}.0/24")
+        if not any(edge.overlaps(subnet) for subnet in subnets):
+            return octet
+    raise RuntimeError("no free 172.31.X.0/24 among 200-249 for the edge network")
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[compose.Stack]:
     if not compose_v2():
@@ -68,7 +89,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[compose.Stack]:
 
     directory = tmp_path_factory.mktemp("compose")
     project = f"headwater-test-{os.getpid()}"
-    octet = 200 + os.getpid() % 50
+    octet = free_edge_octet()
     extra = {
         "COMPOSE_PROJECT_NAME": project,
         **{name: free_port() for name in compose.DEFAULT_PORTS},
