@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
 import signal
 import sys
@@ -478,12 +479,20 @@ DRAIN_REPORT = 1.0
 """Seconds the report of an expired drain may take (a stderr nobody reads blocks it)."""
 
 
+DRAIN_BACKSTOP = 5.0
+"""Seconds past the drain's bound (and its report) at which the kernel ends a process whose
+drain-watch thread could not run: a C call holding the GIL stops every Python thread (a fresh-clone
+run saw a node outlive its bound so, its watch silent).  SIGALRM, whose default action ends the
+process; no handler is installed for it."""
+
+
 def watch_drain(seconds: float, node_id: str) -> threading.Timer:
     """The drain's bound for the whole process, kept by a thread of its own: no step's bound
     ends a drain whose event loop is blocked (librdkafka's synchronous commit, waiting on a
     stalled broker, held one for good), nor the exit's wait for threads.  If the process is
     still there ``seconds`` after the drain began, where each thread is goes to the log and it
-    exits at once with ``DRAIN_EXPIRED``."""
+    exits at once with ``DRAIN_EXPIRED``; if even that thread cannot run, the kernel ends it
+    ``DRAIN_BACKSTOP`` seconds later (``signal.alarm``, armed from the main thread)."""
 
     def expire() -> None:
         reporter = threading.Thread(
@@ -496,6 +505,8 @@ def watch_drain(seconds: float, node_id: str) -> threading.Timer:
     timer = threading.Timer(seconds, expire)
     timer.name, timer.daemon = "drain-watch", True
     timer.start()
+    if threading.current_thread() is threading.main_thread():
+        signal.alarm(math.ceil(seconds + DRAIN_REPORT + DRAIN_BACKSTOP))
     return timer
 
 

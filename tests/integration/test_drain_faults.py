@@ -266,6 +266,28 @@ time.sleep(60)  # a loop blocked for good: nothing else would end this process
 """
 
 
+HELD = """
+import ctypes
+from frontend.node import watch_drain
+watch_drain(1.0, "held")
+print("armed", flush=True)
+ctypes.PyDLL(None).sleep(60)  # a C call that keeps the GIL: no Python thread runs meanwhile
+"""
+
+
+async def test_a_process_whose_every_thread_is_held_still_ends_after_its_bound() -> None:
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HELD, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(process.communicate(), 30)
+    took = time.monotonic() - started
+    assert out.decode().strip() == "armed"
+    assert process.returncode == -signal.SIGALRM  # the kernel's backstop, not the watch thread
+    assert took < 15
+
+
 async def test_a_process_whose_drain_is_blocked_exits_at_the_drain_timeout() -> None:
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
