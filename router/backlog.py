@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from mqttcore.codec import PublishTemplate
 from mqttcore.session import Outbound
-from router.delivery import Client, Counters, delivery_qos, template_for
+from router.delivery import Client, Counters, delivery_qos, lower, template_for
 from router.log import KafkaLog
 from router.record import Record
 from router.subscriptions import Subscriptions
@@ -62,9 +62,8 @@ class Backlog:
     def needed(client: Client, positions: dict[int, int]) -> None:
         """Lower ``positions`` to what ``client`` still needs from the log, if it is behind."""
         if client.behind is not None:
-            for needed in (client.behind, client.rewind or {}):
-                for partition, offset in needed.items():
-                    positions[partition] = min(offset, positions.get(partition, offset))
+            lower(positions, client.behind)
+            lower(positions, client.rewind or {})
 
     def start(self, client: Client, positions: dict[int, int]) -> None:
         """Catch ``client`` up from ``positions`` (a returning session's stored ones)."""
@@ -139,8 +138,7 @@ class Backlog:
         dispatched = self.subscriptions.dispatched
         first = True
         while True:
-            for partition, offset in (client.rewind or {}).items():
-                behind[partition] = min(offset, behind.get(partition, offset))
+            lower(behind, client.rewind or {})
             client.rewind = None
             ranges = {
                 p: (at, dispatched[p]) for p, at in behind.items() if at < dispatched.get(p, at)

@@ -8,6 +8,7 @@ QoS of :func:`delivery_qos`, and count in the same :class:`Counters`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +29,14 @@ def template_for(message: Message, qos: int, cache: dict[int, PublishTemplate]) 
     if template is None:
         template = cache[qos] = PublishTemplate(message.topic, message.payload, qos)
     return template
+
+
+def lower(positions: dict[int, int], other: Mapping[int, int]) -> None:
+    """Per partition, the lower of the two offsets into ``positions`` (``other``'s where it has
+    none): where a stream resumes is the earliest of what its parts still need."""
+    for partition, offset in other.items():
+        if offset < positions.get(partition, offset + 1):
+            positions[partition] = offset
 
 
 class Subscriber(Protocol):

@@ -35,7 +35,7 @@ from mqttcore.codec import PublishTemplate
 from mqttcore.message import Message
 from mqttcore.session import Outbound, Session
 from router.backlog import Backlog
-from router.delivery import Client, Counters, Subscriber, delivery_qos, template_for
+from router.delivery import Client, Counters, Subscriber, delivery_qos, lower, template_for
 from router.history import HistoryFeed, HistoryLimits, HistoryView, start_time, stream_id
 from router.log import KafkaLog
 from router.partitioner import Router
@@ -120,7 +120,7 @@ class Dispatcher:
 
     @property
     def subscription_count(self) -> int:  # walks the clients: for periodic figures only
-        return sum(len(c.session.subscriptions) for c in self._clients.values() if not c.owner)
+        return sum(len(c.session.subscriptions) for c in self._clients.values() if c.owner is None)
 
     # -- subscriptions ------------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ class Dispatcher:
         if session.client_id in self._clients:
             for rec in self.subscriptions.activate(session.client_id, filters):
                 self._dispatch_one(rec)
-        self._start_history(session, [f for f in filters if f.startswith(topics.HISTORY_PREFIX)])
+        self._start_history(session, filters)
 
     def unsubscribe(self, session: Session, filters: Iterable[str]) -> None:
         for topic_filter in filters:
@@ -254,7 +254,7 @@ class Dispatcher:
         return begin
 
     def _start_history(self, session: Session, filters: Iterable[str]) -> None:
-        """Start the registered history streams of ``filters``: behind, then live."""
+        """Start the registered history streams among ``filters``: behind, then live."""
         owner = self._clients.get(session.client_id)
         for topic_filter in filters:
             key = stream_id(session.client_id, topic_filter)
@@ -372,11 +372,8 @@ class Dispatcher:
         client = self._clients.get(session.client_id)
         if client is not None:
             self.backlog.needed(client, positions)
-        for topic_filter in session.subscriptions:
-            if topic_filter.startswith(topics.HISTORY_PREFIX):
-                needed = self._history_needs(stream_id(session.client_id, topic_filter))
-                for partition, offset in needed.items():
-                    positions[partition] = min(offset, positions.get(partition, offset))
+        for key in _history_ids(session):
+            lower(positions, self._history_needs(key))
         return positions
 
     def _history_needs(self, key: str) -> dict[int, int]:
@@ -399,9 +396,8 @@ class Dispatcher:
             return False
         return client.behind is not None or any(
             stream.behind is not None
-            for topic_filter in session.subscriptions
-            if topic_filter.startswith(topics.HISTORY_PREFIX)
-            and (stream := self._clients.get(stream_id(session.client_id, topic_filter)))
+            for key in _history_ids(session)
+            if (stream := self._clients.get(key)) is not None
         )
 
     # -- shared subscriptions -----------------------------------------------------------------
@@ -464,6 +460,15 @@ class Watchers:
         watcher = self._watching.get(client_id)
         if watcher is not None:
             watcher[1](rec)
+
+
+def _history_ids(session: Session) -> list[str]:
+    """The ids of ``session``'s history streams (``router.history.stream_id``)."""
+    return [
+        stream_id(session.client_id, f)
+        for f in session.subscriptions
+        if f.startswith(topics.HISTORY_PREFIX)
+    ]
 
 
 def _retained_qos(

@@ -33,7 +33,7 @@ from frontend.outages import every
 from frontend.sessions.store import Lease, SessionStore
 from mqttcore.session import Session, StoredSession
 from router import record
-from router.delivery import Subscriber
+from router.delivery import Subscriber, lower
 from router.dispatch import Dispatcher
 
 log = logging.getLogger("headwater.sessions")
@@ -213,7 +213,7 @@ class Saver:
         for client_id, owned in list(self._active.items()):
             session = owned.session
             positions = self.positions(owned)
-            _lower(lowest, positions)
+            lower(lowest, positions)
             for out in session.inflight.values():
                 if 0 <= out.offset < lowest.get(out.partition, out.offset + 1):
                     lowest[out.partition] = out.offset
@@ -223,7 +223,7 @@ class Saver:
                 del self._active[client_id]
         for _, state in self._unreleased.values():
             if state is not None:
-                _lower(lowest, state.positions)
+                lower(lowest, state.positions)
         await self._checkpoint(lowest)
         if saves:
             answers = await self.store.save_many([(o.lease, state) for o, _, state in saves])
@@ -240,10 +240,3 @@ class Saver:
         await self.store.checkpoint(self.checkpoint_id, self._seq, positions)
         self._checkpointed = positions
         self.checkpoints_written += 1
-
-
-def _lower(lowest: dict[int, int], positions: dict[int, int]) -> None:
-    """Per partition, the lower of ``lowest``'s and ``positions``' offsets, into ``lowest``."""
-    for partition, offset in positions.items():
-        if offset < lowest.get(partition, offset + 1):
-            lowest[partition] = offset

@@ -275,29 +275,29 @@ ctypes.PyDLL(None).sleep(60)  # a C call that keeps the GIL: no Python thread ru
 """
 
 
-async def test_a_process_whose_every_thread_is_held_still_ends_after_its_bound() -> None:
+async def run_snippet(code: str, timeout: float) -> tuple[int, str, str, float]:
+    """``python -c code`` with the project importable: its status, stdout, stderr and the
+    seconds it took."""
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", HELD, stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()},
     )  # fmt: skip
-    out, _ = await asyncio.wait_for(process.communicate(), 30)
-    took = time.monotonic() - started
-    assert out.decode().strip() == "armed"
-    assert process.returncode == -signal.SIGALRM  # the kernel's backstop, not the watch thread
+    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode(), time.monotonic() - started
+
+
+async def test_a_process_whose_every_thread_is_held_still_ends_after_its_bound() -> None:
+    status, out, _, took = await run_snippet(HELD, 30)
+    assert out.strip() == "armed"
+    assert status == -signal.SIGALRM  # the kernel's backstop, not the watch thread
     assert took < 15
 
 
 async def test_a_process_whose_drain_is_blocked_exits_at_the_drain_timeout() -> None:
-    started = time.monotonic()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", BLOCKED, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )  # fmt: skip
-    _, stderr = await asyncio.wait_for(process.communicate(), 15)
-    took = time.monotonic() - started
-    assert process.returncode == 1
+    status, _, text, took = await run_snippet(BLOCKED, 15)
+    assert status == 1
     assert took < 10
-    text = stderr.decode()
     assert "the drain did not end within 1 s (--drain-timeout)" in text, text
     assert 'thread MainThread: File "<string>", line 7' in text, text  # where it was blocked
