@@ -1,20 +1,17 @@
 """Client events: what happened to a client's connection or session, written to the log.
 
 Each event is one log record of kind ``event`` (``router.record.EVENT``), produced as any message
-is (``KafkaLog.produce``, no delivery callback): MQTT topic ``$events/<event>``, QoS 0, not
-retained, client id the client's, origin this node, and as payload a UTF-8 JSON object whose
+is, on the log's quiet producer (``KafkaLog.produce_quiet``): MQTT topic ``$events/<event>``, QoS
+0, not retained, client id the client's, origin this node, and as payload a UTF-8 JSON object whose
 fields are ``event``, ``client_id``, ``username`` (or null), ``node``, ``timestamp`` (ms, the
 record's own) and, by event, ``clean_session`` (connected), ``reason`` (disconnected, one of
 :data:`REASONS`), ``filters`` (subscribed, unsubscribed).  docs/log.md is the contract.
 
 Invariants: one record per event and nothing kept per client; the JSON is built from the
 event's fixed text and the escaped strings (no dict, no ``json.dumps`` of a whole object).
-Records are handed to the log together, ``FLUSH_SECONDS`` after the first one waiting (one timer
-per node, only while events wait): librdkafka then sends them in one request per partition,
-where one produce per event cost a request each; and they do not wake the log's pump, which
-nothing waits on for them (``KafkaLog.produce``'s ``urgent``).  At 1,000 events a second, the
-node's CPU per CONNECT+DISCONNECT went from about 250 us more than without events to about 30.
-:meth:`Events.close` hands over what waits and stops writing, before the node's log stops.  A
+Each goes to librdkafka at once; its producer lingers (``router.log.QUIET_LINGER_MS``), so a
+burst of events costs one request per partition, and nothing wakes the log's pump for them.
+:meth:`Events.close` stops writing, before the node's log stops (and flushes what waits).  A
 node with ``--client-events no`` builds and writes nothing.  Who calls: the session manager
 (``frontend.sessions.manager``: connected, subscribed, unsubscribed, disconnected with the
 reason the connection gives) and the cluster's expiry listener (``frontend.cluster``: session
@@ -24,7 +21,6 @@ read it [MQTT-4.7.2-1]; no client may publish there (``frontend.auth.acl``).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterable
 from json.encoder import encode_basestring  # the C escaper; keeps UTF-8 as it is
@@ -61,16 +57,10 @@ REASONS = (
 )  # fmt: skip
 
 
-FLUSH_SECONDS = 0.1
-"""How long an event waits at most to be handed to the log with the others."""
-
-
 class EventLog(Protocol):
-    """Where events go: ``router.log.KafkaLog``'s ``produce``."""
+    """Where events go: ``router.log.KafkaLog``."""
 
-    def produce(
-        self, message: Message, on_delivery: None, kind: str = ..., urgent: bool = ...
-    ) -> bool: ...
+    def produce_quiet(self, message: Message, kind: str) -> bool: ...
 
 
 def _text(value: str | None) -> str:
@@ -85,10 +75,7 @@ def _wall_clock_ms() -> int:
 class Events:
     """This node's client events; see the module's docstring."""
 
-    __slots__ = (
-        "_clock_ms", "_flush_after", "_log", "_node", "_pending", "_stamps", "enabled", "lost",
-        "written",
-    )  # fmt: skip
+    __slots__ = ("_clock_ms", "_log", "_node", "_stamps", "enabled", "lost", "written")
 
     def __init__(
         self,
@@ -96,14 +83,10 @@ class Events:
         log_: EventLog,
         enabled: bool = True,
         clock_ms: Callable[[], int] = _wall_clock_ms,
-        flush_after: float = FLUSH_SECONDS,
     ) -> None:
         self._stamps = stamps
         self._log = log_
         self._clock_ms = clock_ms
-        self._flush_after = flush_after
-        """0: each event is handed over at once."""
-        self._pending: list[Message] = []
         self._node = f',"node":{_text(stamps.origin_node)},"timestamp":'
         """The fixed middle of every payload: this node, then the time's key."""
         self.enabled = enabled
@@ -150,24 +133,11 @@ class Events:
             TOPIC_PREFIX + event, data, 0, False, client_id, stamps.origin_node, now,
             stamps.new_id(),
         )  # fmt: skip
-        pending = self._pending
-        pending.append(message)
-        if self._flush_after <= 0:
-            self.flush()
-        elif len(pending) == 1:
-            asyncio.get_running_loop().call_later(self._flush_after, self.flush)
-
-    def flush(self) -> None:
-        """Hand every waiting event to the log; one the producer cannot take is counted lost."""
-        pending, self._pending = self._pending, []
-        produce = self._log.produce
-        for message in pending:
-            if produce(message, None, kind=record.EVENT, urgent=False):
-                self.written += 1
-            else:
-                self.lost += 1
+        if self._log.produce_quiet(message, record.EVENT):
+            self.written += 1
+        else:
+            self.lost += 1
 
     def close(self) -> None:
-        """Hand over what waits and write no more (the node's log stops next)."""
-        self.flush()
+        """Write no more (the node's log stops next, flushing what it holds)."""
         self.enabled = False

@@ -9,6 +9,8 @@ goes to librdkafka at the end of it, one ``produce()`` per record (``produce_bat
 neither headers nor timestamps; per message it cost no less, measured by
 ``tests/integration/log_produce_cost.py``).  A full producer queue makes ``produce`` return
 False; the caller stops reading from its client and is called back once it has drained.
+Records nobody waits for (client events) go by ``produce_quiet`` through a second producer
+that lingers ``QUIET_LINGER_MS``: the first one, which a PUBACK waits on, never lingers.
 
 Reads: :class:`router.reader.LogReader`, one per node, whatever the number of clients, sessions
 and share groups (its consumers are listed there).
@@ -53,6 +55,13 @@ wake-ups a second, not 1000.  A PUBLISH wakes the pump at once; a record fetched
 spell waits at most this long to be seen."""
 
 PUMP_QUIET_AFTER = 50
+
+QUIET_LINGER_MS = 100
+"""How long the quiet producer (``KafkaLog.produce_quiet``) gathers records before it sends
+them: a burst of client events costs one request per partition.  Through the client-facing
+producer (linger 0) each cost a request of its own: librdkafka's broker thread took about 7% of
+the event loop's CPU in CONNECT+DISCONNECT cycles with events, under 1% without (per thread,
+``python -m bench throughput --scenarios connect-clean``), and about 1% with a linger."""
 
 DeliveryCallback = Callable[[int, int, str | None], None]
 """Called in the event loop with (partition, offset, error); error is None once durable."""
@@ -192,6 +201,8 @@ class KafkaLog:
         self.reader = LogReader(settings.topic, settings.fetch_batch, self.retries)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._producer: Producer | None = None
+        self._quiet: Producer | None = None
+        """``produce_quiet``'s producer: the same log, lingering ``QUIET_LINGER_MS``."""
         self._running = False
         self._pump_handle: asyncio.Handle | None = None
         self._idle_looks = 0
@@ -202,8 +213,6 @@ class KafkaLog:
         self.on_served: Callable[[], None] = lambda: None
         """Called after a pump's turn that served something (the node writes out then)."""
         self._outbox = Outbox()
-        self._urgent = False
-        """The outbox holds a record that wakes a quiet pump once handed over."""
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -238,15 +247,11 @@ class KafkaLog:
         self._loop = asyncio.get_running_loop()
         self.watermarks.admin = AdminClient(self._common())
         await self._loop.run_in_executor(None, self._check_topic)
-        self._producer = Producer({
-            **self._common(),
-            "client.id": f"headwater-{self.settings.node_id}",
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": self.settings.linger_ms,
-            "message.timeout.ms": self.settings.delivery_timeout_ms,
-            "queue.buffering.max.messages": self.settings.queue_max_messages,
-            "message.max.bytes": MAX_RECORD_BYTES,
+        self._producer = self._new_producer("", {"linger.ms": self.settings.linger_ms})
+        self._quiet = self._new_producer("-quiet", {
+            "linger.ms": QUIET_LINGER_MS,
+            "on_delivery": self._quiet_lost,
+            "delivery.report.only.error": True,
         })  # fmt: skip
         node = self.settings.node_id
         live = self.consumer(f"headwater-node-{node}")
@@ -262,6 +267,18 @@ class KafkaLog:
         self._running = True
         self._pump_handle = self._loop.call_soon(self._pump)
         self.available = True
+
+    def _new_producer(self, name: str, config: dict[str, Any]) -> Producer:
+        return Producer({
+            **self._common(),
+            "client.id": f"headwater-{self.settings.node_id}{name}",
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": self.settings.delivery_timeout_ms,
+            "queue.buffering.max.messages": self.settings.queue_max_messages,
+            "message.max.bytes": MAX_RECORD_BYTES,
+            **config,
+        })  # fmt: skip
 
     def _check_topic(self) -> None:
         admin = self.watermarks.admin
@@ -289,8 +306,11 @@ class KafkaLog:
         if self._producer is not None:
             self._send_outbox()
             await loop.run_in_executor(None, self._producer.flush, flush_timeout)
+        if self._quiet is not None:
+            await loop.run_in_executor(None, self._quiet.flush, flush_timeout)
         await self.reader.stop()
-        self._producer = None  # let librdkafka's threads and sockets go now, not at a GC pass
+        # let librdkafka's threads and sockets go now, not at a GC pass
+        self._producer = self._quiet = None
         self.watermarks.admin = None
 
     def _on_error(self, error: KafkaError) -> None:
@@ -311,33 +331,48 @@ class KafkaLog:
     # -- writing ------------------------------------------------------------------------------
 
     def produce(
-        self,
-        message: Message,
-        on_delivery: DeliveryCallback | None,
-        kind: str = record.CLIENT,
-        urgent: bool = True,
+        self, message: Message, on_delivery: DeliveryCallback | None, kind: str = record.CLIENT
     ) -> bool:
         """Queue ``message`` for the log, with its headers (``kind`` says who wrote it: one of
         ``router.record.KINDS``) and its own time as the record's timestamp; False if the
-        producer queue is full (retry later).  ``urgent`` False: nothing waits for it, so it
-        does not wake a quiet pump, and no report is asked for (a record Kafka still refuses
-        after the producer's retries is then counted by librdkafka alone: a client event,
-        ``frontend.events``, is QoS 0 data nobody acknowledges)."""
+        producer queue is full (retry later).  ``on_delivery`` is told once it is durable (or
+        not); a QoS 0 message passes None and is counted."""
         producer = self._producer
         assert producer is not None
         outbox = self._outbox
         if len(outbox) + len(producer) >= self.settings.queue_max_messages:
             return False
         partition, key = self.router.route(message.topic)
-        reporter = self._reporter(on_delivery) if urgent else None
         outbox.add(
-            partition, record.encode(message), key, reporter, on_delivery,
+            partition, record.encode(message), key, self._reporter(on_delivery), on_delivery,
             record.headers(message, kind), message.timestamp_ms,
         )  # fmt: skip
-        self._urgent |= urgent
         if len(outbox) == 1 and self._loop is not None:
             self._loop.call_soon(self._send_outbox)
         return True
+
+    def produce_quiet(self, message: Message, kind: str) -> bool:
+        """Queue a record nobody waits for (a client event, ``frontend.events``) on the quiet
+        producer: sent within ``QUIET_LINGER_MS`` with the others, never waking the pump, no
+        report asked but a failure's (counted in ``produce_errors``); False if its queue is
+        full."""
+        if self._quiet is None:
+            return False
+        partition, key = self.router.route(message.topic)
+        try:
+            self._quiet.produce(
+                self.settings.topic, record.encode(message), key, partition,
+                timestamp=message.timestamp_ms,
+                headers=record.headers(message, kind),  # type: ignore[arg-type]  # list invariance
+            )  # fmt: skip
+        except (BufferError, KafkaException):
+            return False
+        return True
+
+    def _quiet_lost(self, err: KafkaError | None, _: Any) -> None:
+        if err is not None:
+            self.produce_errors += 1
+            log.warning("a client event was lost by Kafka: %s", err.str())
 
     def _reporter(self, on_delivery: DeliveryCallback | None) -> Any:
         """librdkafka's delivery callback for one record: it runs inside the pump's ``poll()``,
@@ -362,9 +397,8 @@ class KafkaLog:
                 log.warning("a QoS 0 message was refused by the producer: %s", error)
             else:
                 sender(partition, -1, error)
-        if self._urgent and self._idle_looks >= PUMP_QUIET_AFTER:  # reports are due soon
+        if self._idle_looks >= PUMP_QUIET_AFTER:  # reports are due soon
             self._wake_pump()
-        self._urgent = False
 
     def _wake_pump(self) -> None:
         self._idle_looks = 0
@@ -402,6 +436,8 @@ class KafkaLog:
 
     def _serve_producer(self) -> bool:
         assert self._producer is not None
+        if self._quiet is not None and len(self._quiet):
+            self._quiet.poll(0)  # its failures' reports, if any
         if len(self._producer) == 0 and not self._blocked:
             return False
         self._producer.poll(0)  # runs the delivery callbacks, which fill self._reports

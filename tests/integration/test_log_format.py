@@ -68,7 +68,9 @@ def table(heading: str) -> list[list[str]]:
     ]
 
 
-async def started_node(bootstrap: str, topic: str, sys_interval: float) -> Node:
+async def started_node(
+    bootstrap: str, topic: str, sys_interval: float, client_events: bool = False
+) -> Node:
     config = NodeConfig(
         node_id="logformat",
         host="127.0.0.1",
@@ -78,6 +80,7 @@ async def started_node(bootstrap: str, topic: str, sys_interval: float) -> Node:
         topic=topic,
         partitions=PARTITIONS,
         sys_interval=sys_interval,
+        client_events=client_events,
     )
     node = Node(config)
     await node.start()
@@ -86,8 +89,8 @@ async def started_node(bootstrap: str, topic: str, sys_interval: float) -> Node:
 
 @pytest.fixture
 async def node(kafka_bootstrap: str, log_topic: str) -> AsyncIterator[Node]:
-    """A node that reports to ``$SYS`` every ``SYS_INTERVAL`` seconds."""
-    started = await started_node(kafka_bootstrap, log_topic, SYS_INTERVAL)
+    """A node that reports to ``$SYS`` every ``SYS_INTERVAL`` seconds and writes client events."""
+    started = await started_node(kafka_bootstrap, log_topic, SYS_INTERVAL, client_events=True)
     yield started
     await started.stop()
 
@@ -179,6 +182,7 @@ async def test_every_kind_of_record_carries_the_headers_and_the_message_time(
             "retained-clear": (b"retained-clear", "plant/a/state"),
             "will": (b"will", "plant/a/status"),
             "sys": (b"sys", "$SYS/brokers/logformat/"),
+            "event": (b"event", "$events/connected"),  # the quiet producer's
         }
         await eventually(
             lambda: all(user.find(*w) for w in wanted.values()),
@@ -192,6 +196,8 @@ async def test_every_kind_of_record_carries_the_headers_and_the_message_time(
         sys_topic = dict(found["sys"].headers())["mqtt.topic"].decode()
         report = check(found["sys"], sys_topic, 0, True, "", record.SYS)
         assert report.origin_node == "logformat"
+        event = check(found["event"], "$events/connected", 0, False, "sensor-7", record.EVENT)
+        assert b'"client_id":"sensor-7"' in event.payload
     finally:
         user.close()
 
