@@ -16,7 +16,9 @@ connected (and subscribed) its clients, sends every process the same :class:`Tim
   arrives in the measured window, then drains until nothing came for ``drain_idle``
   (``drain_max`` at most);
 * ``churn``: ``clients`` connections in flight, each CONNECT -> CONNACK (-> SUBSCRIBE -> SUBACK)
-  -> DISCONNECT, again and again, counting what completed in the window.
+  -> DISCONNECT, again and again, counting what completed in the window; with a ``rate``, cycles
+  start on schedule at that rate in all (open loop: at most ``clients`` in flight), so the
+  broker's CPU per cycle is measured at one load whatever its speed.
 
 Stamped payloads (every role but ``flood0``) start with (send ``monotonic_ns``, publisher,
 sequence), so a subscriber gives send -> receive latencies of the messages sent in the window and
@@ -65,7 +67,7 @@ class Role:
     """Subscribers: every connection subscribes these in one SUBSCRIBE instead of ``filter``."""
     qos: int = 0
     rate: float = 0.0
-    """paced: messages per second per connection."""
+    """paced: messages per second per connection; churn: cycles per second in all."""
     window: int = 64
     clean: bool = True
     subscribe: bool = False
@@ -309,10 +311,17 @@ class Counter:
 async def churn(role: Role, t: Timing, report: Report) -> None:
     """``role.clients`` loops of connect, (subscribe,) disconnect from start to end."""
 
+    gap = role.clients / role.rate if role.rate else 0.0
+    """Seconds between two cycles of one slot, on schedule."""
+
     async def one(slot: int) -> None:
         n = 0
+        due = t.start + slot * gap / role.clients
         while time.monotonic() < t.end:
             n += 1
+            if gap:
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                due += gap
             try:
                 await cycle(role, f"{role.tag}-{slot}-{n}")
             except (OSError, RuntimeError, TimeoutError) as exc:

@@ -118,10 +118,12 @@ def latency(qos: int) -> Callable[[Broker, Settings, int], list[Role]]:
     return roles
 
 
-def connects(clean: bool, subscribe: bool) -> Callable[[Broker, Settings, int], list[Role]]:
+def connects(
+    clean: bool, subscribe: bool, paced: bool = False
+) -> Callable[[Broker, Settings, int], list[Role]]:
     def roles(b: Broker, s: Settings, base: int) -> list[Role]:
         return [Role("churn", b.endpoints[0], s.in_flight, f"c{base}", clean=clean,
-                     subscribe=subscribe)]  # fmt: skip
+                     subscribe=subscribe, rate=s.rate if paced else 0.0)]  # fmt: skip
 
     return roles
 
@@ -183,6 +185,11 @@ SCENARIOS = {
                  connects(True, True), connect_cell),
         Scenario("connect-sub-persistent", "the same with a SUBSCRIBE (QoS 1) between: "
                  "persistent", connects(False, True), connect_cell),
+        Scenario("connect-clean-paced", "CONNECT then DISCONNECT started at 1,000/s (--rate), "
+                 "clean: the node's CPU per cycle at one load", connects(True, False, True),
+                 connect_cell),
+        Scenario("connect-persistent-paced", "the same: persistent", connects(False, False, True),
+                 connect_cell),
     )
 }  # fmt: skip
 
