@@ -9,10 +9,13 @@ record's own) and, by event, ``clean_session`` (connected), ``reason`` (disconne
 
 Invariants: one record per event and nothing kept per client; the JSON is built from the
 event's fixed text and the escaped strings (no dict, no ``json.dumps`` of a whole object).
-Each goes to librdkafka at once; its producer lingers (``router.log.QUIET_LINGER_MS``), so a
-burst of events costs one request per partition, and nothing wakes the log's pump for them.
-:meth:`Events.close` stops writing, before the node's log stops (and flushes what waits).  A
-node with ``--client-events no`` builds and writes nothing.  Who calls: the session manager
+An event costs its connection a tuple appended to a list: the records are built and handed to
+the log together, ``FLUSH_SECONDS`` after the first one waiting (one timer per node, only while
+events wait), in one tight loop (handed over one by one as they happened, each cost its
+connection about 20 us of cold ``produce()`` and encoding: 10% of a CONNECT cycle).  The log's
+quiet producer then sends them in one request per partition and they never wake the log's pump.
+:meth:`Events.close` hands over what waits and stops writing, before the node's log stops.  A
+node with ``--client-events no`` keeps and writes nothing.  Who calls: the session manager
 (``frontend.sessions.manager``: connected, subscribed, unsubscribed, disconnected with the
 reason the connection gives) and the cluster's expiry listener (``frontend.cluster``: session
 expired).  ``$events/...`` reaches only subscribers of a filter naming it whom the ACL lets
@@ -21,8 +24,9 @@ read it [MQTT-4.7.2-1]; no client may publish there (``frontend.auth.acl``).
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from json.encoder import encode_basestring  # the C escaper; keeps UTF-8 as it is
 from typing import Protocol
 
@@ -57,10 +61,14 @@ REASONS = (
 )  # fmt: skip
 
 
+FLUSH_SECONDS = 0.1
+"""How long an event waits at most to be handed to the log with the others."""
+
+
 class EventLog(Protocol):
     """Where events go: ``router.log.KafkaLog``."""
 
-    def produce_quiet(self, message: Message, kind: str) -> bool: ...
+    def produce_quiet(self, messages: Sequence[Message], kind: str) -> int: ...
 
 
 def _text(value: str | None) -> str:
@@ -75,7 +83,10 @@ def _wall_clock_ms() -> int:
 class Events:
     """This node's client events; see the module's docstring."""
 
-    __slots__ = ("_clock_ms", "_log", "_node", "_stamps", "enabled", "lost", "written")
+    __slots__ = (
+        "_clock_ms", "_flush_after", "_log", "_node", "_pending", "_stamps", "enabled", "lost",
+        "written",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -83,10 +94,15 @@ class Events:
         log_: EventLog,
         enabled: bool = True,
         clock_ms: Callable[[], int] = _wall_clock_ms,
+        flush_after: float = FLUSH_SECONDS,
     ) -> None:
         self._stamps = stamps
         self._log = log_
         self._clock_ms = clock_ms
+        self._flush_after = flush_after
+        """0: each event is handed over at once."""
+        self._pending: list[tuple[str, str, str | None, str, int]] = []
+        """(event, client id, user name, tail, time) of the events waiting."""
         self._node = f',"node":{_text(stamps.origin_node)},"timestamp":'
         """The fixed middle of every payload: this node, then the time's key."""
         self.enabled = enabled
@@ -122,22 +138,37 @@ class Events:
             self._write(SESSION_EXPIRED, client_id, None, "")
 
     def _write(self, event: str, client_id: str, username: str | None, tail: str) -> None:
-        """One record: the common fields, then ``tail`` (``,"key":value`` text)."""
-        stamps = self._stamps
-        now = self._clock_ms()
+        """Keep the event for the next hand-over (``tail``: its own ``,"key":value`` text)."""
+        pending = self._pending
+        pending.append((event, client_id, username, tail, self._clock_ms()))
+        if self._flush_after <= 0:
+            self.flush()
+        elif len(pending) == 1:
+            asyncio.get_running_loop().call_later(self._flush_after, self.flush)
+
+    def flush(self) -> None:
+        """Build every waiting event's record and hand it to the log; one the producer cannot
+        take is counted lost."""
+        pending, self._pending = self._pending, []
+        messages = [self._message(*waiting) for waiting in pending]
+        taken = self._log.produce_quiet(messages, record.EVENT)
+        self.written += taken
+        self.lost += len(messages) - taken
+
+    def _message(
+        self, event: str, client_id: str, username: str | None, tail: str, now: int
+    ) -> Message:
         data = (
             f'{{"event":"{event}","client_id":{_text(client_id)},"username":{_text(username)}'
             f"{self._node}{now}{tail}}}"
         ).encode()
-        message = Message(
+        stamps = self._stamps
+        return Message(
             TOPIC_PREFIX + event, data, 0, False, client_id, stamps.origin_node, now,
             stamps.new_id(),
         )  # fmt: skip
-        if self._log.produce_quiet(message, record.EVENT):
-            self.written += 1
-        else:
-            self.lost += 1
 
     def close(self) -> None:
-        """Write no more (the node's log stops next, flushing what it holds)."""
+        """Hand over what waits and write no more (the node's log stops next)."""
+        self.flush()
         self.enabled = False

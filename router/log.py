@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,12 +56,13 @@ spell waits at most this long to be seen."""
 
 PUMP_QUIET_AFTER = 50
 
-QUIET_LINGER_MS = 100
+QUIET_LINGER_MS = 10
 """How long the quiet producer (``KafkaLog.produce_quiet``) gathers records before it sends
-them: a burst of client events costs one request per partition.  Through the client-facing
-producer (linger 0) each cost a request of its own: librdkafka's broker thread took about 7% of
-the event loop's CPU in CONNECT+DISCONNECT cycles with events, under 1% without (per thread,
-``python -m bench throughput --scenarios connect-clean``), and about 1% with a linger."""
+them: a burst of client events (``frontend.events``) costs one request per partition.  Through
+the client-facing producer (linger 0) a burst went as many small requests: librdkafka's broker
+thread took about 7% of the event loop's CPU in CONNECT+DISCONNECT cycles with events, under
+1% without (per thread, ``python -m bench throughput --scenarios connect-clean``), and about
+1% with a linger."""
 
 DeliveryCallback = Callable[[int, int, str | None], None]
 """Called in the event loop with (partition, offset, error); error is None once durable."""
@@ -351,23 +352,29 @@ class KafkaLog:
             self._loop.call_soon(self._send_outbox)
         return True
 
-    def produce_quiet(self, message: Message, kind: str) -> bool:
-        """Queue a record nobody waits for (a client event, ``frontend.events``) on the quiet
-        producer: sent within ``QUIET_LINGER_MS`` with the others, never waking the pump, no
-        report asked but a failure's (counted in ``produce_errors``); False if its queue is
-        full."""
-        if self._quiet is None:
-            return False
-        partition, key = self.router.route(message.topic)
-        try:
-            self._quiet.produce(
-                self.settings.topic, record.encode(message), key, partition,
-                timestamp=message.timestamp_ms,
-                headers=record.headers(message, kind),  # type: ignore[arg-type]  # list invariance
-            )  # fmt: skip
-        except (BufferError, KafkaException):
-            return False
-        return True
+    def produce_quiet(self, messages: Sequence[Message], kind: str) -> int:
+        """Queue records nobody waits for (client events, ``frontend.events``) on the quiet
+        producer: sent within ``QUIET_LINGER_MS`` together, never waking the pump, no report
+        asked but a failure's (counted in ``produce_errors``).  How many it took: a full queue
+        refuses the rest."""
+        producer = self._quiet
+        if producer is None:
+            return 0
+        produce, topic, route = producer.produce, self.settings.topic, self.router.route
+        routes: dict[str, tuple[int, bytes]] = {}  # a burst's few topics, routed once
+        for taken, message in enumerate(messages):
+            where = routes.get(message.topic)
+            if where is None:
+                where = routes[message.topic] = route(message.topic)
+            try:
+                produce(
+                    topic, record.encode(message), where[1], where[0],
+                    timestamp=message.timestamp_ms,
+                    headers=record.headers(message, kind),  # type: ignore[arg-type]  # invariance
+                )  # fmt: skip
+            except (BufferError, KafkaException):
+                return taken
+        return len(messages)
 
     def _quiet_lost(self, err: KafkaError | None, _: Any) -> None:
         if err is not None:

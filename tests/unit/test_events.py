@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,17 +24,17 @@ class FakeLog:
         self.records: list[tuple[Message, str]] = []
         self.full = False
 
-    def produce_quiet(self, message: Message, kind: str) -> bool:
+    def produce_quiet(self, messages: Sequence[Message], kind: str) -> int:
         if self.full:
-            return False
-        self.records.append((message, kind))
-        return True
+            return 0
+        self.records.extend((message, kind) for message in messages)
+        return len(messages)
 
 
 def make(enabled: bool = True) -> tuple[Events, FakeLog]:
     log = FakeLog()
     stamps = MessageStamps("node1", lambda: 0, b"\0" * 8)
-    return Events(stamps, log, enabled, clock_ms=lambda: NOW), log
+    return Events(stamps, log, enabled, clock_ms=lambda: NOW, flush_after=0), log
 
 
 def only(log: FakeLog) -> tuple[Message, dict[str, Any]]:
@@ -126,9 +128,22 @@ def test_no_client_may_publish_to_events() -> None:
     assert access.may_publish("events/connected")
 
 
-def test_close_stops_the_events() -> None:
-    sink, log = make()
+async def test_events_wait_to_go_together_and_close_hands_them_over() -> None:
+    log = FakeLog()
+    sink = Events(MessageStamps("node1", lambda: 0, b"\0" * 8), log, flush_after=0.05)
+    sink.connected("a", None, clean_session=True)
+    sink.connected("b", None, clean_session=True)
+    assert log.records == []  # not yet: they go together
+    await eventually(lambda: len(log.records) == 2)
+    assert [m.client_id for m, _ in log.records] == ["a", "b"] and sink.written == 2
     sink.disconnected("a", None, events.NODE_DRAIN)
-    sink.close()  # a node's drain: nothing after
+    sink.close()  # a node's drain: what waits goes now, nothing after
     sink.disconnected("b", None, events.NODE_DRAIN)
-    assert [m.client_id for m, _ in log.records] == ["a"] and sink.written == 1
+    assert [m.client_id for m, _ in log.records] == ["a", "b", "a"]
+
+
+async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition never met"
+        await asyncio.sleep(0.01)
