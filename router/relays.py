@@ -71,7 +71,7 @@ from router.relay_records import (
     export_converter,
     inbound_converter,
 )
-from router.retry import Backoff, settle_from_thread
+from router.retry import Backoff, leave_group, settle_from_thread
 from router.topics import MAX_RECORD_BYTES, Replication, messages_topic
 
 log = logging.getLogger("headwater.relays")
@@ -231,8 +231,9 @@ class Relay:
             while not self._stopping.is_set():
                 self._turn(consumer)
         finally:
-            try:
-                consumer.close()  # leaves the group: the others take its partitions at once
+            try:  # the others take its partitions at once; close() serves no rebalance then
+                leave_group(consumer)
+                consumer.close()
             finally:
                 self._producer = None
                 assert self._loop is not None and self._ended is not None

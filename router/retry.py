@@ -31,6 +31,11 @@ Both run in a daemon thread of their own, never on the loop nor in its executor 
 ``asyncio.run`` waits for without a bound): whoever awaits them bounds the wait, and the
 process exits whether or not they returned.  A relay's thread (``router.relays``), which closes
 its own consumer, tells the loop it ended the same way (:func:`settle_from_thread`).
+
+**What never runs inside a consumer's close: a rebalance callback** (:func:`leave_group`).  A
+subscribed consumer leaves its group (its rebalance events served by ``poll``) before
+``close()``: a rebalance event that ``close()`` serves after librdkafka's group handler ended
+blocks in confluent-kafka with the GIL held, so every thread of the process, for good.
 """
 
 from __future__ import annotations
@@ -174,6 +179,43 @@ def close_aside(
 
     threading.Thread(target=close, name="headwater-consumer-close", daemon=True).start()
     return done
+
+
+LEAVE_SECONDS = 1.0
+"""Seconds :func:`leave_group` serves a leaving consumer's rebalance events at most (all of them
+are local to librdkafka: a stalled broker does not slow them)."""
+
+
+def leave_group(consumer: Consumer, bound: float = LEAVE_SECONDS) -> None:
+    """Leave ``consumer``'s group and serve every rebalance event it has or gets for that
+    (``poll``: the records it returns are dropped, never committed), so that its ``close()``
+    has none left to serve.  Call it, then ``close()``, from the consumer's one thread; only for
+    a subscribed consumer (one assigned by hand keeps its assignment: this would wait ``bound``).
+
+    Why: confluent-kafka runs a rebalance callback holding the GIL, and after the Python
+    callback it asks librdkafka's group handler (``rd_kafka_rebalance_protocol``, then
+    ``rd_kafka_assign``) with no timeout.  ``close()`` serves the events still queued; one that
+    the group handler no longer waits for (an assignment made while the consumer's thread was
+    not polling, a revocation after a session timeout) can be served after the handler has
+    terminated, which drops the request unanswered: the call never returns, and no Python
+    thread runs again (a draining node froze so, ``tests/integration/test_drain_faults.py``;
+    py-spy showed ``Consumer_close`` -> ``Consumer_rebalance_cb`` ->
+    ``rd_kafka_rebalance_protocol``).  Served here, before ``close()``, every event is answered
+    by a live handler; unsubscribed and unassigned, the group makes no new one."""
+    failed: list[str] = []
+    try:
+        consumer.unsubscribe()
+    except (KafkaException, RuntimeError) as exc:
+        failed.append(str(exc))
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        try:  # a callback's error is raised by poll: the events after it are served all the same
+            if consumer.poll(0.05) is None and not consumer.assignment():
+                break
+        except (KafkaException, RuntimeError) as exc:
+            failed.append(str(exc))
+    if failed:
+        log.warning("leaving a consumer group: %s", "; ".join(dict.fromkeys(failed)))
 
 
 def settle_from_thread(loop: asyncio.AbstractEventLoop, done: asyncio.Future[None]) -> None:

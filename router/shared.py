@@ -64,13 +64,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from confluent_kafka import OFFSET_END, OFFSET_INVALID, Consumer, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_END,
+    OFFSET_INVALID,
+    OFFSET_STORED,
+    Consumer,
+    KafkaException,
+    TopicPartition,
+)
 
 from mqttcore import topics
 from mqttcore.session import Session
 from router.partitioner import Router
 from router.record import Record
-from router.retry import close_aside
+from router.retry import close_aside, leave_group
 
 log = logging.getLogger("headwater.shared")
 
@@ -209,23 +216,39 @@ class ShareGroup:
         """Leave the group (its partitions move to other member nodes); once.  The last commit
         and the close wait on the group's coordinator, the commit without a bound (it held a
         draining node's event loop while the broker was stalled): both run aside
-        (``router.retry.close_aside``)."""
+        (``router.retry.close_aside``), the group left before the close
+        (``router.retry.leave_group``: no rebalance callback runs inside ``close()``)."""
         if self._stopped:
             return
         self._stopped = True
         consumer = self._consumer
-        await close_aside(consumer, lambda: self._commit_now(consumer))
+        await close_aside(consumer, lambda: self._leave(consumer))
+
+    def _leave(self, consumer: Consumer) -> None:
+        self._commit_now(consumer)
+        leave_group(consumer)  # its revocation commits again: what was finished meanwhile
 
     # -- rebalances ---------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Take partitions at the group's committed offsets; where the group has none yet, at
         the high watermark read when this node's share began (never a lazy "latest", which
-        would skip what is published between the SUBACK and the first fetch)."""
+        would skip what is published between the SUBACK and the first fetch).  If Kafka does
+        not say them in time, the partitions are taken at the stored offsets librdkafka reads
+        itself ("latest" where there are none): nothing raises out of a rebalance callback,
+        which confluent-kafka re-raises from ``poll()`` or ``close()`` as a ``KafkaError`` no
+        ``except`` catches (a closing thread died of one)."""
         unwanted = [tp for tp in partitions if tp.partition not in self.wanted]
-        committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=10)}
+        try:
+            answer = consumer.committed(partitions, timeout=10)
+        except KafkaException as exc:
+            log.warning("share group %s: committed offsets not read (%s)", self.group, exc)
+            answer = [TopicPartition(tp.topic, tp.partition, OFFSET_STORED) for tp in partitions]
+        committed = {tp.partition: tp.offset for tp in answer}
         for tp in partitions:
-            if committed.get(tp.partition, OFFSET_INVALID) < 0:
+            if committed.get(tp.partition) == OFFSET_STORED:
+                tp.offset = OFFSET_STORED
+            elif committed.get(tp.partition, OFFSET_INVALID) < 0:
                 tp.offset = self.start_offsets.get(tp.partition, OFFSET_END)
             else:
                 tp.offset = committed[tp.partition]

@@ -6,6 +6,9 @@ that stops answering, here SIGSTOP) the loop never turned again, so no bound of 
 fire, and the process stayed until SIGKILL.  Now the commit and the close run aside
 (``router.retry.close_aside``), every step of the drain ends by ``--drain-timeout``, and a thread
 ends the process at that bound whatever the loop is doing (``frontend.node.watch_drain``).
+The freeze that even that thread could not end: a group consumer's ``close()`` serving a
+rebalance event after librdkafka's group handler had ended, its callback blocked for good with
+the GIL held (``router.retry.leave_group``, ``tests/integration/test_rebalance_close.py``).
 
 Each test stalls a Kafka and a Redis of this module's own (the session's must stay up) and lets
 them go on afterwards.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from confluent_kafka import OFFSET_STORED, KafkaError, KafkaException, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -47,6 +48,32 @@ def test_pick_takes_the_skipped_member_only_if_no_other_may() -> None:
     shared = group("alice", "bob")
     assert shared.pick(lambda m: True, skip="alice") == "bob"
     assert shared.pick(lambda m: m == "alice", skip="alice") == "alice"
+
+
+class SlowCoordinator:
+    """A consumer whose group coordinator does not say the committed offsets in time."""
+
+    def __init__(self) -> None:
+        self.assigned: list[tuple[int, int]] = []
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned += [(tp.partition, tp.offset) for tp in partitions]
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+
+def test_an_assignment_whose_offsets_kafka_does_not_say_is_taken_at_the_stored_ones() -> None:
+    shared = group("alice")
+    shared.wanted = frozenset({0, 1})
+    shared.start_offsets = {0: 5, 1: 7}
+    consumer = SlowCoordinator()
+    shared._on_assign(consumer, [TopicPartition("t", 0), TopicPartition("t", 1)])  # type: ignore[arg-type]
+    assert consumer.assigned == [(0, OFFSET_STORED), (1, OFFSET_STORED)]
+    assert shared.assigned == {0, 1}
 
 
 class FakeGroupLog:
