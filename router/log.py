@@ -360,6 +360,7 @@ class KafkaLog:
         producer = self._quiet
         if producer is None:
             return 0
+        producer.poll(0)  # the last hand-over's failures, if any, reported
         produce, topic, route = producer.produce, self.settings.topic, self.router.route
         routes: dict[str, tuple[int, bytes]] = {}  # a burst's few topics, routed once
         for taken, message in enumerate(messages):
@@ -443,8 +444,6 @@ class KafkaLog:
 
     def _serve_producer(self) -> bool:
         assert self._producer is not None
-        if self._quiet is not None and len(self._quiet):
-            self._quiet.poll(0)  # its failures' reports, if any
         if len(self._producer) == 0 and not self._blocked:
             return False
         self._producer.poll(0)  # runs the delivery callbacks, which fill self._reports
