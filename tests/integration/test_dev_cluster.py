@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,12 +76,42 @@ class DevUp:
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         self.lines: queue.Queue[str] = queue.Queue()
+        self.errors: deque[str] = deque(maxlen=200)
+        """The last lines of its stderr, read as they come: a pipe nobody reads fills, and a
+        process writing to it (librdkafka's threads log there) blocks for good."""
         threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_errors, daemon=True).start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self.lines.put(line.rstrip("\n"))
+
+    def _read_errors(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.errors.append(line.rstrip("\n"))
+
+    def stopped(self, sig: int = signal.SIGINT, timeout: float = 60.0) -> int:
+        """Its exit status after ``sig``; fails with its last stderr lines if it outlives
+        ``timeout``."""
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"dev up still running {timeout:g} s after {signal.Signals(sig).name}; "
+                        "its stderr ends:\n" + "\n".join(self.errors))  # fmt: skip
+
+    def end(self) -> None:
+        """Stop it if it still runs: SIGTERM, SIGKILL a minute later (its children die with
+        it)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
 
     def wait_ready(self, timeout: float = 60.0) -> list[str]:
         seen: list[str] = []
@@ -88,8 +119,9 @@ class DevUp:
         while READY_LINE not in seen:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or (self.process.poll() is not None and self.lines.empty()):
-                _, err = self.process.communicate(timeout=30)
-                pytest.fail(f"dev up not ready: {seen}\nstderr: {err}")
+                self.process.terminate()
+                self.process.wait(30)
+                pytest.fail(f"dev up not ready: {seen}\nstderr: " + "\n".join(self.errors))
             try:
                 seen.append(self.lines.get(timeout=min(remaining, 0.5)))
             except queue.Empty:
@@ -107,9 +139,7 @@ def dev_up(tmp_path: Path, cluster_env: dict[str, str]) -> Iterator[DevUp]:
     try:
         yield cluster
     finally:
-        if cluster.process.poll() is None:
-            cluster.process.send_signal(signal.SIGTERM)
-            cluster.process.wait(60)
+        cluster.end()
 
 
 def _assert_all_gone(cluster: DevUp, children: list[ProcessIdentity]) -> None:
@@ -126,8 +156,7 @@ def test_dev_up_serves_then_sigint_leaves_nothing(dev_up: DevUp) -> None:
     assert all(port_accepts(p) for p in (dev_up.port, dev_up.tls_port, dev_up.ws_port))
     children = dev_up.child_identities()
     assert all(child.alive() for child in children)
-    dev_up.process.send_signal(signal.SIGINT)
-    assert dev_up.process.wait(60) == 0
+    assert dev_up.stopped(signal.SIGINT) == 0
     _assert_all_gone(dev_up, children)
 
 
@@ -145,12 +174,9 @@ def test_dev_up_makes_a_dev_ca_once_and_prints_it(
             assert any(example in line for line in lines), lines
             assert any(f"ws://127.0.0.1:{cluster.ws_port}/mqtt" in line for line in lines)
             printed_ca.append(cafile.read_bytes())
-            cluster.process.send_signal(signal.SIGINT)
-            assert cluster.process.wait(60) == 0
+            assert cluster.stopped(signal.SIGINT) == 0
         finally:
-            if cluster.process.poll() is None:
-                cluster.process.send_signal(signal.SIGTERM)
-                cluster.process.wait(60)
+            cluster.end()
     assert printed_ca[0] == printed_ca[1]
 
 
@@ -201,13 +227,10 @@ def test_dev_up_with_nodes_serves_mosquitto_clients_through_haproxy(
         # partition of three (a loaded fresh-clone run read two)
         assert sorted(fetched)[:2] == [0, 0] and max(fetched) >= 3
         children = cluster.child_identities()
-        cluster.process.send_signal(signal.SIGINT)
-        assert cluster.process.wait(60) == 0
+        assert cluster.stopped(signal.SIGINT) == 0
         _assert_all_gone(cluster, children)
     finally:
-        if cluster.process.poll() is None:
-            cluster.process.send_signal(signal.SIGTERM)
-            cluster.process.wait(60)
+        cluster.end()
 
 
 def _dev_up_fails(
