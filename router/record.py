@@ -115,6 +115,8 @@ def _varint(n: int) -> bytes:
     z = (n << 1) ^ (n >> 63)
     if z < 0x80:
         return _BYTE[z]
+    if z < 0x4000:  # two bytes: payloads and topics of 64 to 8,191 bytes
+        return bytes(((z & 0x7F) | 0x80, z >> 7))
     out = bytearray()
     while z >= 0x80:
         out.append((z & 0x7F) | 0x80)
