@@ -331,9 +331,15 @@ class DevCluster:
         print(READY_LINE, file=self.out, flush=True)
 
     def watch(self) -> None:
-        """Block until a stop is requested, restarting the children that exit meanwhile."""
-        while not self.cancel.wait(WATCH_INTERVAL):
+        """Block until a stop is requested, restarting the children that exit meanwhile.
+
+        It sleeps and looks, never ``cancel.wait()``: the signal handler's ``cancel.set()`` takes
+        the event's lock, and a main thread interrupted while it held that lock in ``wait()``
+        waited on itself for good (py-spy of a `dev up` that outlived SIGINT and SIGTERM: the
+        handler in ``Event.set`` inside ``Event.wait``, twice)."""
+        while not self.cancel.is_set():
             self.supervisor.poll()
+            time.sleep(WATCH_INTERVAL)
 
     def _track(
         self,
@@ -448,7 +454,8 @@ def _display_order(endpoints: dict[str, str]) -> Iterator[tuple[str, str]]:
 
 @contextlib.contextmanager
 def stop_on_signals(cancel: threading.Event) -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into `cancel.set()` for the duration of the block."""
+    """Turn SIGINT and SIGTERM into `cancel.set()` for the duration of the block.  The main
+    thread must never hold `cancel`'s lock (no `cancel.wait()` there): see `DevCluster.watch`."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         cancel.set()

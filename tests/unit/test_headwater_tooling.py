@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -22,6 +24,7 @@ from headwater.devcluster.state import (
     remove_state,
     write_state,
 )
+from headwater.devcluster.up import DevCluster, UpOptions
 from headwater.errors import MissingProgramError, ServiceError, SettingError
 from headwater.services.haproxy import Server, render_config
 from headwater.services.java import java_major_version, require_java
@@ -454,3 +457,30 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     parent.kill()
     parent.wait()
     wait_until(lambda: not orphan.alive(), what="orphan to die", timeout=10)
+
+
+class NeverWaitedOn(threading.Event):
+    """The stop event, as `dev up`'s signal handler sets it: a `wait()` on it in the main thread
+    could hold its lock when the handler's `set()` comes, and the process waits on itself."""
+
+    def __init__(self, looks: int) -> None:
+        super().__init__()
+        self.looks = looks
+
+    def is_set(self) -> bool:
+        self.looks -= 1
+        return self.looks < 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        raise AssertionError("the main thread waited on the event the signal handler sets")
+
+
+def test_dev_up_watches_without_waiting_on_the_event_its_signal_handler_sets(
+    tmp_path: Path,
+) -> None:
+    options = UpOptions(nodes=0, port=0, state_dir=tmp_path, partitions=1)
+    cluster = DevCluster(options, {}, NeverWaitedOn(looks=3), io.StringIO())
+    polled: list[int] = []
+    cluster.supervisor.poll = lambda: polled.append(1)  # type: ignore[method-assign]
+    cluster.watch()
+    assert len(polled) == 3
