@@ -61,8 +61,8 @@ QUIET_LINGER_MS = 10
 them: a burst of client events (``frontend.events``) costs one request per partition.  Through
 the client-facing producer (linger 0) a burst went as many small requests: librdkafka's broker
 thread took about 7% of the event loop's CPU in CONNECT+DISCONNECT cycles with events, under
-1% without (per thread, ``python -m bench throughput --scenarios connect-clean``), and about
-1% with a linger."""
+1% without, and about 1% with a linger (each thread's CPU from ``/proc`` during ``python -m
+bench throughput --scenarios connect-clean``)."""
 
 DeliveryCallback = Callable[[int, int, str | None], None]
 """Called in the event loop with (partition, offset, error); error is None once durable."""

@@ -239,14 +239,13 @@ class ShareGroup:
         which confluent-kafka re-raises from ``poll()`` or ``close()`` as a ``KafkaError`` no
         ``except`` catches (a closing thread died of one)."""
         unwanted = [tp for tp in partitions if tp.partition not in self.wanted]
+        committed: dict[int, int] | None = None
         try:
-            answer = consumer.committed(partitions, timeout=10)
+            committed = {p.partition: p.offset for p in consumer.committed(partitions, timeout=10)}
         except KafkaException as exc:
             log.warning("share group %s: committed offsets not read (%s)", self.group, exc)
-            answer = [TopicPartition(tp.topic, tp.partition, OFFSET_STORED) for tp in partitions]
-        committed = {tp.partition: tp.offset for tp in answer}
         for tp in partitions:
-            if committed.get(tp.partition) == OFFSET_STORED:
+            if committed is None:
                 tp.offset = OFFSET_STORED
             elif committed.get(tp.partition, OFFSET_INVALID) < 0:
                 tp.offset = self.start_offsets.get(tp.partition, OFFSET_END)
