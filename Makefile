@@ -1,6 +1,6 @@
 # Headwater: `make run` starts a local cluster on 127.0.0.1:1883, `make test` runs every check.
-# `install` is idempotent: apt only for missing programs, pip only when pyproject.toml changed,
-# Maven only while Kafka's jars are not cached yet.
+# `install` is idempotent: apt only for missing programs, pip only when pyproject.toml, setup.py
+# or a compiled source changed, Maven only while Kafka's jars are not cached yet.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -66,7 +66,10 @@ $(PY):
 		"$$python" -m venv $(VENV); \
 	fi
 
-$(INSTALL_STAMP): pyproject.toml | $(PY)
+# setup.py compiles the hot path with mypyc beside its source; an edited source is compiled again
+# (a package refuses to import an extension older than its source: mqttcore/compiled.py).
+# HEADWATER_COMPILE=0 installs pure Python.
+$(INSTALL_STAMP): pyproject.toml setup.py $(wildcard mqttcore/*.py router/*.py) | $(PY)
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $@
 

@@ -147,7 +147,8 @@ def describe_checkout() -> str:
         dirty = git("status", "--porcelain", "--", "frontend", "router", "mqttcore", "headwater")
     except (RuntimeError, OSError):
         return "this checkout (not a git repository)"
-    return f"this checkout at {commit}" + (" with uncommitted changes" if dirty else "")
+    changes = " with uncommitted changes" if dirty else ""
+    return f"this checkout at {commit}{changes}{compiled(REPO)}"
 
 
 def snapshot_source(rev: str, work: Path) -> tuple[Path, str]:
@@ -161,7 +162,18 @@ def snapshot_source(rev: str, work: Path) -> tuple[Path, str]:
         subprocess.run(["tar", "-x", "-C", str(target)], stdin=archive.stdout, check=True)
         if archive.wait() != 0:
             raise RuntimeError(f"git archive {commit} failed")
-    return target, f"commit {commit[:10]} (`--headwater-rev {rev}`)"
+        if (target / "setup.py").exists():  # compile its hot path as `make install` would
+            subprocess.run(
+                [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                cwd=target, stdout=subprocess.DEVNULL, check=True,
+            )  # fmt: skip
+    return target, f"commit {commit[:10]} (`--headwater-rev {rev}`{compiled(target)})"
+
+
+def compiled(source: Path) -> str:
+    """How much of ``source``'s hot path runs compiled (setup.py's mypyc extensions)."""
+    extensions = [*source.glob("mqttcore/*.so"), *source.glob("router/*.so")]
+    return f", {len(extensions)} modules compiled" if extensions else ", pure Python"
 
 
 @dataclass(frozen=True)

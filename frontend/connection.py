@@ -194,15 +194,15 @@ def _who(connection: MqttConnection) -> str:
     return f"{connection.channel.client_id or '-'} ({f'{peer[0]}:{peer[1]}' if peer else '?'})"
 
 
-class _Input(Decoder):
-    """Packets in: decoded from the socket and held, in order, until handled (the decoder
-    itself, so that a connection has one object for it, not two), and when the client was
-    last heard from."""
+class _Input:
+    """Packets in: decoded from the socket and held, in order, until handled, and when the
+    client was last heard from.  The decoder is held, not inherited: it may run compiled
+    (setup.py), and a compiled class has no interpreted subclasses."""
 
-    __slots__ = ("held", "last_seen", "opened", "paused")
+    __slots__ = ("decoder", "held", "last_seen", "opened", "paused")
 
     def __init__(self, services: Services, now: float) -> None:
-        super().__init__(services.max_packet_size, services.connect_bounds)
+        self.decoder = Decoder(services.max_packet_size, services.connect_bounds)
         self.held: list[Packet] | None = None
         """Decoded, not handled yet, in order (None when there are none)."""
         self.opened = self.last_seen = now
@@ -214,12 +214,13 @@ class _Input(Decoder):
         """Hold the packets ``data`` completes; raises :class:`ProtocolError`.  What the
         decoder keeps of a packet not complete yet is counted in the node's ``buffers``."""
         self.last_seen = now
-        before = self.buffered()
+        decoder = self.decoder
+        before = decoder.buffered()
         try:
-            packets = self.feed(data)
+            packets = decoder.feed(data)
         finally:
-            if self.buffered() != before:
-                buffers.change(self.buffered() - before)
+            if decoder.buffered() != before:
+                buffers.change(decoder.buffered() - before)
         if self.held is None:
             self.held = packets
         else:
@@ -320,7 +321,7 @@ class MqttConnection(asyncio.Protocol):
         self.services.deadlines.forget(self)
         self.services.connections.discard(self)
         buffers = self.services.buffers  # its partial packet leaves the budget; it waits no more
-        buffers.change(-self._input.buffered())
+        buffers.change(-self._input.decoder.buffered())
         buffers.waiting.discard(self)
         self._output.release()
         self._let_go(None)
@@ -401,7 +402,7 @@ class MqttConnection(asyncio.Protocol):
             del held[:done]
             if not held:
                 self._input.held = None
-        fault = self._input.error
+        fault = self._input.decoder.error
         if not held and not self._busy and fault is not None:
             self._fail(fault)  # after the packets that came before it
             return

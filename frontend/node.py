@@ -59,6 +59,7 @@ from frontend.stats import serve_stats, snapshot
 from frontend.systree import SysTree
 from frontend.values import ConfigError
 from frontend.workers import run_workers
+from mqttcore import compiled
 from mqttcore.codec import ConnectBounds
 from router.dispatch import Dispatcher
 from router.history import HistoryLimits
@@ -203,6 +204,12 @@ class Node:
             self.config.stats_port = self._stats_server.sockets[0].getsockname()[1]
         log.info("node %s serving %s", self.config.node_id, self.describe_listeners())
         log.info("node %s: %s", self.config.node_id, self.services.auth.describe_anonymous())
+        modules = compiled.compiled_modules()
+        log.info(
+            "node %s: %s", self.config.node_id,
+            f"{len(modules)} modules of the hot path compiled (mypyc)" if modules
+            else "pure Python (installed with HEADWATER_COMPILE=0): a message costs more CPU",
+        )  # fmt: skip
 
     @property
     def listening(self) -> dict[str, int]:

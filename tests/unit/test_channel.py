@@ -28,7 +28,6 @@ from mqttcore.channel import (
     RemoveSubscriptions,
     Send,
     State,
-    Unrestricted,
 )
 from mqttcore.codec import Decoder, PublishTemplate
 from mqttcore.errors import ConnectRefused, MalformedPacket, ProtocolError
@@ -400,9 +399,15 @@ def _assert_is_the_will(message: Message | None, client_id: str = "c") -> None:
 
 def test_a_will_whose_topic_the_rules_took_away_is_not_published() -> None:
     # the channel decides with the rules of now (a SIGHUP since the CONNECT), not the transport
-    class TopicTakenAway(Unrestricted):
+    class TopicTakenAway:  # everything allowed but the will's topic
         def may_publish(self, topic: str) -> bool:
             return topic != WILL.topic
+
+        def may_subscribe(self, topic_filter: str) -> bool:
+            return True
+
+        def may_read(self, topic: str) -> bool:
+            return True
 
     channel = connected(Connect("c", will=WILL), permissions=TopicTakenAway())
     (close,) = channel.connection_lost("gone")

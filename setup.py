@@ -1,0 +1,47 @@
+"""The build: the protocol core's and the router's hot modules compiled with mypyc.
+
+Everything else is in pyproject.toml.  The modules of :data:`COMPILED` stay Python source (the
+source is what is read, typed and tested); mypyc turns each into a C extension built beside it,
+which the import system takes before the ``.py``.  ``HEADWATER_COMPILE=0`` builds pure Python
+(no C compiler needed); docs/benchmarks.md shows what compiling gains.
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import setup
+
+COMPILED = [
+    "mqttcore/codec.py",
+    "mqttcore/message.py",
+    "mqttcore/channel.py",
+    "mqttcore/session.py",
+    "mqttcore/topics.py",
+    "mqttcore/bodies.py",
+    "router/record.py",
+    "router/subscriptions.py",
+    "router/index.py",
+    "router/dispatch.py",
+    "router/partitioner.py",
+    "router/delivery.py",
+    "router/topics.py",
+    "router/history.py",  # a compiled class (Session) has only compiled subclasses (HistoryView)
+]
+
+
+def ext_modules() -> list[object]:
+    if os.environ.get("HEADWATER_COMPILE", "1") == "0":
+        return []
+    from mypyc.build import mypycify
+
+    # the mypy settings are pyproject.toml's; an isolated build (no confluent-kafka to type
+    # against) would find their `type: ignore`s unused
+    # group_name: the modules' shared library is mqttcore/native__mypyc*.so, inside a package, so
+    # that any installation that finds the packages finds it too
+    return mypycify(
+        ["--no-warn-unused-ignores", *COMPILED], opt_level="3", group_name="mqttcore.native"
+    )
+
+
+setup(ext_modules=ext_modules())

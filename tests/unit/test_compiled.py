@@ -1,0 +1,52 @@
+"""The hot path runs compiled (setup.py's mypyc extensions), and never older than its source."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import time
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+import pytest
+
+from mqttcore import compiled
+
+ROOT = Path(__file__).parents[2]
+
+
+def listed() -> list[str]:
+    """setup.py's COMPILED, read without running setup.py."""
+    for node in ast.walk(ast.parse((ROOT / "setup.py").read_text())):
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "COMPILED":
+            return list(ast.literal_eval(node.value))
+    raise AssertionError("setup.py has no COMPILED list")
+
+
+def test_every_listed_module_runs_compiled_unless_installed_pure() -> None:
+    names = [path.removesuffix(".py").replace("/", ".") for path in listed()]
+    files = {name: str(importlib.import_module(name).__file__) for name in names}
+    extensions = {name for name, file in files.items() if file.endswith(tuple(EXTENSION_SUFFIXES))}
+    if os.environ.get("HEADWATER_COMPILE") == "0":
+        assert not extensions
+    else:
+        assert extensions == set(names), f"running from source: {set(names) - extensions}"
+        assert set(names) <= set(compiled.compiled_modules())
+
+
+def test_an_extension_older_than_its_source_is_refused(tmp_path: Path) -> None:
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "hot.py").write_text("X = 1\n")
+    extension = package / f"hot{EXTENSION_SUFFIXES[0]}"
+    extension.write_bytes(b"")
+    (package / f"shared__mypyc{EXTENSION_SUFFIXES[0]}").write_bytes(b"")  # no source: not judged
+    now = time.time()
+    os.utime(package / "hot.py", (now - 10, now - 10))
+    compiled.check(str(package / "__init__.py"))  # compiled after its source was written
+    os.utime(package / "hot.py", (now, now))
+    os.utime(extension, (now - 10, now - 10))
+    with pytest.raises(ImportError, match=r"hot\.py changed after it was compiled.*make install"):
+        compiled.check(str(package / "__init__.py"))
