@@ -69,7 +69,8 @@ $(PY):
 # setup.py compiles the hot path with mypyc beside its source; an edited source is compiled again
 # (a package refuses to import an extension older than its source: mqttcore/compiled.py).
 # HEADWATER_COMPILE=0 installs pure Python.
-$(INSTALL_STAMP): pyproject.toml setup.py $(wildcard mqttcore/*.py router/*.py) | $(PY)
+COMPILED := $(shell grep -o '^ *"[a-z_/]*\.py"' setup.py | tr -d ' "')
+$(INSTALL_STAMP): pyproject.toml setup.py $(COMPILED) | $(PY)
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $@
 

@@ -1,4 +1,4 @@
-"""The build: the protocol core's and the router's hot modules compiled with mypyc.
+"""The build: the hot path (protocol core, router, connection) compiled with mypyc.
 
 Everything else is in pyproject.toml.  The modules of :data:`COMPILED` stay Python source (the
 source is what is read, typed and tested); mypyc turns each into a C extension built beside it,
@@ -27,6 +27,10 @@ COMPILED = [
     "router/delivery.py",
     "router/topics.py",
     "router/history.py",  # a compiled class (Session) has only compiled subclasses (HistoryView)
+    "router/log.py",
+    "router/reader.py",
+    "frontend/publishing.py",
+    "frontend/connection.py",
 ]
 
 

@@ -1,0 +1,3 @@
+from mqttcore import compiled
+
+compiled.check(__file__)

@@ -14,7 +14,7 @@ import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
-PACKAGES = ("mqttcore", "router")
+PACKAGES = ("mqttcore", "router", "frontend")
 
 
 def _extensions(package_dir: Path) -> dict[str, Path]:

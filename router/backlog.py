@@ -31,7 +31,7 @@ from collections.abc import Callable
 from mqttcore.codec import PublishTemplate
 from mqttcore.session import Outbound
 from router.delivery import Client, Counters, delivery_qos, lower, template_for
-from router.log import KafkaLog
+from router.log import Log
 from router.record import Record
 from router.subscriptions import Subscriptions
 
@@ -43,7 +43,7 @@ class Backlog:
 
     def __init__(
         self,
-        log_: KafkaLog,
+        log_: Log,
         subscriptions: Subscriptions,
         counters: Counters,
         deliver: Callable[[Client, Outbound], None],

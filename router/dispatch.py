@@ -37,7 +37,7 @@ from mqttcore.session import Outbound, Session
 from router.backlog import Backlog
 from router.delivery import Client, Counters, Subscriber, delivery_qos, lower, template_for
 from router.history import HistoryFeed, HistoryLimits, HistoryView, start_time, stream_id
-from router.log import KafkaLog
+from router.log import Log
 from router.partitioner import Router
 from router.record import Record
 from router.shared import ShareGroup, ShareGroups, ShareLimits
@@ -53,7 +53,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        log_: KafkaLog,
+        log_: Log,
         router: Router,
         share_limits: ShareLimits | None = None,
         history_limits: HistoryLimits | None = None,

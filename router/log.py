@@ -31,7 +31,7 @@ import logging
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
@@ -39,9 +39,11 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 from mqttcore.message import Message
 from router import record
 from router.batching import Batch
+from router.catchup import Take
 from router.partitioner import Router
 from router.reader import LogReader
 from router.retry import ATTEMPT_SECONDS, Retries, retried
+from router.shared import GroupLog, GroupReader
 from router.topics import MAX_RECORD_BYTES
 
 log = logging.getLogger("headwater.log")
@@ -185,6 +187,34 @@ class Outbox:
             except (KafkaException, BufferError) as exc:
                 refused.append((sender, partition, str(exc)))
         return refused
+
+
+class Reader(GroupReader, Protocol):
+    """The node's one reader (:class:`router.reader.LogReader`) as the index, the backlog and
+    share groups use it."""
+
+    def assign(self, offsets: dict[int, int]) -> None: ...
+
+    def unassign(self, partitions: Iterable[int]) -> None: ...
+
+    def assigned(self) -> list[int]: ...
+
+    async def replay(
+        self, ranges: dict[int, tuple[int, int]], take: Take, room: Callable[[], bool]
+    ) -> None: ...
+
+
+class Log(GroupLog, Protocol):
+    """The node's log (:class:`KafkaLog`) as the dispatcher, the index and the backlog use it.
+    They run compiled (setup.py), and a compiled function checks the class of an argument typed
+    with a class: typed with this, they take the unit tests' fakes of it too."""
+
+    @property
+    def reader(self) -> Reader: ...
+
+    async def low_watermarks(self, partitions: Iterable[int]) -> dict[int, int]: ...
+
+    async def offsets_at(self, partitions: Iterable[int], time_ms: int) -> dict[int, int]: ...
 
 
 class KafkaLog:

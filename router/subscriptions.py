@@ -29,7 +29,7 @@ from mqttcore import topics
 from mqttcore.session import Session
 from router.index import SubscriptionTrie
 from router.interest import InterestTable
-from router.log import KafkaLog
+from router.log import Log
 from router.partitioner import Router
 from router.record import Record
 
@@ -44,7 +44,7 @@ SubKey = tuple[str, str]
 class Subscriptions:
     """The node-local subscription index and the log partitions it needs."""
 
-    def __init__(self, log_: KafkaLog, router: Router) -> None:
+    def __init__(self, log_: Log, router: Router) -> None:
         self.log = log_
         self.router = router
         self._trie: SubscriptionTrie[SubKey] = SubscriptionTrie()
