@@ -18,7 +18,8 @@ PROFILE_ARGS ?=
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # program:Debian package, installed with apt-get when the program is not found.
 APT_NEEDS := redis-server:redis-server haproxy:haproxy mosquitto:mosquitto \
-	mosquitto_pub:mosquitto-clients java:openjdk-17-jre-headless mvn:maven node:nodejs npm:npm
+	mosquitto_pub:mosquitto-clients java:openjdk-17-jre-headless mvn:maven node:nodejs npm:npm \
+	cc:gcc
 
 .PHONY: help install system-packages kafka-jars js-packages test lint run docs bench clean distclean
 
@@ -71,6 +72,11 @@ $(PY):
 # HEADWATER_COMPILE=0 installs pure Python.
 COMPILED := $(shell grep -o '^ *"[a-z_/]*\.py"' setup.py | tr -d ' "')
 $(INSTALL_STAMP): pyproject.toml setup.py $(COMPILED) | $(PY)
+	@if [ "$${HEADWATER_COMPILE:-1}" != 0 ] && ! $(PY) -c 'import os, sys, sysconfig; \
+		sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))'; then \
+		echo "apt-get install: python3-dev (Python.h, to compile the hot path)"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-dev; \
+	fi
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $@
 
