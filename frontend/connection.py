@@ -20,7 +20,8 @@ for the deliveries and acknowledgements it made), else the end of the loop itera
 Backpressure in both directions:
 
 * inbound: reading pauses while too many PUBLISH packets await the log, while the producer queue is
-  full, or while packets pile up behind a busy task;
+  full, or while packets pile up behind a busy task; PUBLISHes wait, in order, while the node is
+  saturated and a client is behind, until it delivers (``frontend.intake``);
 * outbound: when the transport asks us to pause writing, deliveries go to the session queue
   (QoS 0 dropped, QoS 1/2 queued up to the limit), so a slow subscriber never stalls the node.
 """
@@ -37,6 +38,7 @@ from frontend import events, outages
 from frontend.auth import Auth, Credentials, Login
 from frontend.buffers import Budget
 from frontend.deadlines import Deadlines
+from frontend.intake import Intake
 from frontend.metrics import Traffic
 from frontend.publishing import Log, Publishing
 from frontend.sessions.manager import NotOwnerError, Owned, SessionManager
@@ -44,7 +46,7 @@ from mqttcore import channel as ch
 from mqttcore.codec import ConnectBounds, Decoder, Wire
 from mqttcore.errors import ProtocolError
 from mqttcore.message import Message, MessageStamps
-from mqttcore.packets import Connect, Packet
+from mqttcore.packets import Connect, Packet, Publish
 from mqttcore.session import Outbound
 
 log = logging.getLogger("headwater.connection")
@@ -182,6 +184,9 @@ class Services:
     """What a connection may send before it is known: one CONNECT, this big at most."""
     buffers: Budget = field(default_factory=Budget)
     """The bytes held in partial packets and output, node-wide (``--max-buffered-bytes``)."""
+    intake: Intake = field(default_factory=Intake)
+    """PUBLISHes taken in no faster than messages go out, while the node is saturated and a
+    client is behind (``frontend.intake``)."""
     certificate_identity: Callable[[asyncio.BaseTransport], str | None] | None = None
     """Set with ``--use-identity-as-username`` (``frontend.listeners.certificate_identity``): a
     client's user name is its TLS certificate's identity and no password is checked; a client
@@ -323,6 +328,7 @@ class MqttConnection(asyncio.Protocol):
         buffers = self.services.buffers  # its partial packet leaves the budget; it waits no more
         buffers.change(-self._input.decoder.buffered())
         buffers.waiting.discard(self)
+        self.services.intake.forget(self)
         self._output.release()
         self._let_go(None)
 
@@ -384,6 +390,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _drain(self) -> None:
         held = self._input.held or []
+        intake = self.services.intake
         done = 0
         try:
             while done < len(held) and not self._busy and not self._closed:
@@ -391,6 +398,8 @@ class MqttConnection(asyncio.Protocol):
                     self._loop.call_soon(self._drain)
                     break
                 packet = held[done]
+                if type(packet) is Publish and not intake.admits(self):
+                    break  # the intake resumes it (resume_intake)
                 done += 1
                 try:
                     actions = self.channel.handle_in(packet)
@@ -407,6 +416,12 @@ class MqttConnection(asyncio.Protocol):
             self._fail(fault)  # after the packets that came before it
             return
         self.update_reading()
+
+    def resume_intake(self) -> None:
+        """The node delivered enough for this connection's PUBLISHes held back to go on."""
+        if not self._closed:
+            self._drain()
+            self._output.flush()
 
     def _fail(self, error: ProtocolError) -> None:
         if self._closed:

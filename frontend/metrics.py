@@ -99,6 +99,8 @@ COUNTERS = {
     "buffer_pauses": "Times the clients' partial packets and output passed --max-buffered-bytes "
     "and the node stopped reading.",
     "buffer_paused_seconds": "Time the node spent not reading for --max-buffered-bytes.",
+    "intake_holds": "Times a connection's PUBLISHes waited for delivery to catch up: the node was "
+    "saturated and a client behind (frontend.intake).",
     "connections_opened": "MQTT connections made (after any PROXY header, TLS and upgrade).",
     "bytes_received": "Bytes received from clients (MQTT packets, after TLS and WebSocket).",
     "bytes_sent": "Bytes sent to clients (MQTT packets, before TLS and WebSocket).",

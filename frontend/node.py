@@ -44,6 +44,7 @@ from frontend.cluster import Coordinator
 from frontend.config import Listener, NodeConfig, config_from_args, log_settings, workers_setting
 from frontend.config_file import parse_args
 from frontend.connection import MqttConnection, Services
+from frontend.intake import Intake
 from frontend.logs import setup_logging
 from frontend.redis_clients import cluster_client, single_client
 from frontend.retained import (
@@ -149,6 +150,8 @@ class Node:
         )
         self.services.connect_bounds = ConnectBounds(config.max_connect_size, config.max_will_size)
         self.services.buffers = Budget(config.max_buffered_bytes)
+        backlog, sent = self.dispatcher.backlog, self.services.traffic.sent
+        self.services.intake = Intake(lambda: bool(backlog.clients), lambda: sum(sent))
         self.log.on_served = self.services.writes.flush
         tls = config.tls
         if tls is not None and tls.use_identity_as_username:

@@ -89,6 +89,7 @@ def snapshot(
         "buffered_bytes": services.buffers.held,
         "buffer_pauses": services.buffers.pauses,
         "buffer_paused_seconds": round(services.buffers.paused_seconds, 3),
+        "intake_holds": services.intake.holds,
         "wills_published": sessions.wills.published,
         "orphaned_wills_published": sessions.wills.orphaned,
         "wills_lost": sessions.wills.lost,
