@@ -41,19 +41,26 @@ async def take(client: RawClient, count: int, timeout: float = 15.0) -> list[int
     return got
 
 
-async def test_a_subscriber_whose_queue_fills_reads_on_from_the_log_and_loses_nothing(
-    start_node: NodeFactory,
-) -> None:
+async def behind(start_node: NodeFactory, published: int) -> tuple[Node, RawClient, RawClient]:
+    """A node (4 in flight, 10 queued per client), a subscriber of ``fan/#`` at QoS 1 that
+    acknowledges nothing yet, and a publisher whose ``published`` QoS 1 messages (payloads 0,
+    1, ...) put the subscriber behind: it reads on from the log."""
     node = await start_node(limits=Limits(max_inflight=4, max_queued=10), stats_host="127.0.0.1")
-    port = node.config.port
-    slow = await RawClient.connected(port, "slow")
+    slow = await RawClient.connected(node.config.port, "slow")
     await slow.subscribe(("fan/#", 1))
-    publisher = await RawClient.connected(port, "fan-pub")
-    await publish_acked(publisher, "fan/in", range(2000))  # the slow one acknowledges nothing yet
+    publisher = await RawClient.connected(node.config.port, "fan-pub")
+    await publish_acked(publisher, "fan/in", range(published))
     # PUBACKs come with Kafka's acknowledgement; the node reads the records back a moment later
     await eventually(
         lambda: node.dispatcher.backlog.clients, what="the subscriber falling behind", timeout=20
     )
+    return node, slow, publisher
+
+
+async def test_a_subscriber_whose_queue_fills_reads_on_from_the_log_and_loses_nothing(
+    start_node: NodeFactory,
+) -> None:
+    node, slow, publisher = await behind(start_node, 2000)
     stats = await http_json(node.config.stats_port, "/stats")
     assert stats["clients_fell_behind"] == 1, stats
     got = await take(slow, 2000)

@@ -7,26 +7,16 @@ import asyncio
 import time
 
 from frontend.intake import LATE, SLACK, TICK
-from mqttcore.channel import Limits
 from mqttcore.packets import Puback, Publish
-from tests.e2e.conftest import NodeFactory, eventually
-from tests.e2e.rawmqtt import RawClient
-from tests.e2e.test_fleet import publish_acked, take
+from tests.e2e.conftest import NodeFactory
+from tests.e2e.test_fleet import behind, publish_acked, take
 from tests.e2e.test_resume_at_scale import http_json
 
 
 async def test_publishers_wait_while_a_saturated_node_delivers_and_nothing_is_lost(
     start_node: NodeFactory,
 ) -> None:
-    node = await start_node(limits=Limits(max_inflight=4, max_queued=10), stats_host="127.0.0.1")
-    port = node.config.port
-    slow = await RawClient.connected(port, "slow")
-    await slow.subscribe(("fan/#", 1))
-    publisher = await RawClient.connected(port, "fan-pub")
-    await publish_acked(publisher, "fan/in", range(100))  # the slow one acknowledges nothing yet
-    await eventually(
-        lambda: bool(node.dispatcher.backlog.clients), what="the subscriber behind", timeout=20
-    )
+    node, slow, publisher = await behind(start_node, 100)
     intake = node.services.intake
     sent = 100
     while not intake.coupled:  # PUBLISHes keep the intake watching the loop, which runs late
