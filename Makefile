@@ -69,7 +69,9 @@ $(PY):
 
 # setup.py compiles the hot path with mypyc beside its source; an edited source is compiled again
 # (a package refuses to import an extension older than its source: mqttcore/compiled.py).
-# HEADWATER_COMPILE=0 installs pure Python.
+# HEADWATER_COMPILE=0 installs pure Python. The dependencies go in first, pure, with mypy (the
+# dev extra): mypyc then types the sources against them, as `make lint`'s mypy does (pip's
+# isolated build would see no redis or confluent-kafka).
 COMPILED := $(shell grep -o '^ *"[a-z_/]*\.py"' setup.py | tr -d ' "')
 $(INSTALL_STAMP): pyproject.toml setup.py $(COMPILED) | $(PY)
 	@if [ "$${HEADWATER_COMPILE:-1}" != 0 ] && ! $(PY) -c 'import os, sys, sysconfig; \
@@ -77,7 +79,11 @@ $(INSTALL_STAMP): pyproject.toml setup.py $(COMPILED) | $(PY)
 		echo "apt-get install: python3-dev (Python.h, to compile the hot path)"; \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-dev; \
 	fi
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	HEADWATER_COMPILE=0 $(PY) -m pip install -q -e '.[$(EXTRAS),dev]'
+	@if [ "$${HEADWATER_COMPILE:-1}" != 0 ]; then \
+		echo "$(PY) -m pip install -q --no-deps --no-build-isolation -e .  # compiles the hot path"; \
+		$(PY) -m pip install -q --no-deps --no-build-isolation -e .; \
+	fi
 	@touch $@
 
 kafka-jars: $(INSTALL_STAMP)

@@ -9,6 +9,7 @@ which the import system takes before the ``.py``.  ``HEADWATER_COMPILE=0`` build
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 
 from setuptools import setup
 
@@ -37,15 +38,18 @@ COMPILED = [
 def ext_modules() -> list[object]:
     if os.environ.get("HEADWATER_COMPILE", "1") == "0":
         return []
+    missing = [name for name in ("mypyc", "redis", "confluent_kafka") if find_spec(name) is None]
+    if missing:  # mypyc types the sources as mypy does: against the installed dependencies
+        raise SystemExit(
+            f"setup.py: {', '.join(missing)} not installed. The hot path is compiled against the"
+            " project's dependencies and mypy: install them first, then build with"
+            " --no-build-isolation (`make install` does), or set HEADWATER_COMPILE=0"
+        )
     from mypyc.build import mypycify
 
-    # the mypy settings are pyproject.toml's; an isolated build (no confluent-kafka to type
-    # against) would find their `type: ignore`s unused
     # group_name: the modules' shared library is mqttcore/native__mypyc*.so, inside a package, so
     # that any installation that finds the packages finds it too
-    return mypycify(
-        ["--no-warn-unused-ignores", *COMPILED], opt_level="3", group_name="mqttcore.native"
-    )
+    return mypycify(COMPILED, opt_level="3", group_name="mqttcore.native")
 
 
 setup(ext_modules=ext_modules())
