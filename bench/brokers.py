@@ -172,7 +172,12 @@ def snapshot_source(rev: str, work: Path) -> tuple[Path, str]:
 
 def compiled(source: Path) -> str:
     """How much of ``source``'s hot path runs compiled (setup.py's mypyc extensions)."""
-    extensions = [*source.glob("mqttcore/*.so"), *source.glob("router/*.so")]
+    extensions = [
+        path
+        for package in ("mqttcore", "router", "frontend")
+        for path in source.glob(f"{package}/*.so")
+        if "__mypyc" not in path.name  # the library the compiled modules share
+    ]
     return f", {len(extensions)} modules compiled" if extensions else ", pure Python"
 
 
