@@ -8,7 +8,9 @@ SHELL := /bin/bash
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
-INSTALL_STAMP := $(VENV)/.headwater-install.stamp
+HEADWATER_COMPILE ?= 1
+# one stamp per build (compiled, or pure with HEADWATER_COMPILE=0): switching installs again
+INSTALL_STAMP := $(VENV)/.headwater-install$(if $(filter 0,$(HEADWATER_COMPILE)),-pure).stamp
 JS_DIR := tests/js
 JS_STAMP := $(JS_DIR)/node_modules/.headwater-install.stamp
 EXTRAS ?= test,dev,analytics
@@ -74,15 +76,19 @@ $(PY):
 # isolated build would see no redis or confluent-kafka).
 COMPILED := $(shell grep -o '^ *"[a-z_/]*\.py"' setup.py | tr -d ' "')
 $(INSTALL_STAMP): pyproject.toml setup.py $(COMPILED) | $(PY)
-	@if [ "$${HEADWATER_COMPILE:-1}" != 0 ] && ! $(PY) -c 'import os, sys, sysconfig; \
+	@if [ "$(HEADWATER_COMPILE)" != 0 ] && ! $(PY) -c 'import os, sys, sysconfig; \
 		sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))'; then \
 		echo "apt-get install: python3-dev (Python.h, to compile the hot path)"; \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-dev; \
 	fi
 	HEADWATER_COMPILE=0 $(PY) -m pip install -q -e '.[$(EXTRAS),dev]'
-	@if [ "$${HEADWATER_COMPILE:-1}" != 0 ]; then \
+	@rm -f $(VENV)/.headwater-install*.stamp
+	@if [ "$(HEADWATER_COMPILE)" != 0 ]; then \
 		echo "$(PY) -m pip install -q --no-deps --no-build-isolation -e .  # compiles the hot path"; \
 		$(PY) -m pip install -q --no-deps --no-build-isolation -e .; \
+	else \
+		echo "pure Python: the compiled modules removed"; \
+		find mqttcore router frontend -name '*.so' -delete; \
 	fi
 	@touch $@
 
@@ -130,6 +136,8 @@ profile: install
 
 clean:
 	rm -rf .headwater .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	find mqttcore router frontend -name '*.so' -delete
+	rm -f $(VENV)/.headwater-install*.stamp
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
