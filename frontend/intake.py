@@ -98,7 +98,9 @@ class Intake:
         self._held_since = 0.0
         self._active = False
         """A PUBLISH asked since the last tick (the timer runs only while PUBLISHes come)."""
-        self.waiting: set[Reader] = set()
+        self.waiting: dict[Reader, None] = {}
+        """The held connections, in the order they are served: one served and held again goes
+        last, so each grant goes round them."""
         self.holds = 0
         """Times a connection was held back (``/stats``: ``intake_holds``)."""
 
@@ -115,13 +117,13 @@ class Intake:
         if reader not in self.waiting:
             if not self.waiting:
                 self._held_since = self._now()
-            self.waiting.add(reader)
+            self.waiting[reader] = None
             self.holds += 1
         return False
 
     def forget(self, reader: Reader) -> None:
         """``reader`` closed: it waits no more."""
-        self.waiting.discard(reader)
+        self.waiting.pop(reader, None)
 
     def _credit(self) -> int:
         return self._delivered() - self._base - self._admitted + SLACK
@@ -158,10 +160,14 @@ class Intake:
             self._timer = None
 
     def _resume(self) -> None:
-        waiting, self.waiting = self.waiting, set()
-        for reader in waiting:
-            reader.resume_intake()
-        if self.waiting:  # held again: the next grant in MAX_HOLD
+        """Serve the held connections in turn while there is credit (all of them once intake is
+        free); one held again goes last."""
+        waiting = self.waiting
+        while waiting and (not self.coupled or self._credit() > 0):
+            reader = next(iter(waiting))
+            del waiting[reader]
+            reader.resume_intake()  # held again: back in ``waiting``, last, and no credit left
+        if waiting:  # the next grant in MAX_HOLD
             self._held_since = self._now()
 
 

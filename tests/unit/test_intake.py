@@ -118,3 +118,33 @@ async def test_the_watch_stops_at_the_first_tick_no_publish_came_before() -> Non
     assert node.intake._timer is not None
     await eventually(lambda: node.intake._timer is None, "the watch to stop", timeout=1.0)
     assert node.intake.admits(reader) and node.intake._timer is not None  # and starts again
+
+
+class Publisher(Reader):
+    """A connection with PUBLISHes always waiting: resumed, it takes what the intake admits."""
+
+    def __init__(self, intake: Intake) -> None:
+        super().__init__()
+        self.intake = intake
+        self.taken = 0
+
+    def resume_intake(self) -> None:
+        super().resume_intake()
+        self.taken += admitted(self.intake, self)
+
+
+async def test_the_held_connections_take_the_grants_in_turn() -> None:
+    node = Node()
+    first, second, third = (Publisher(node.intake) for _ in range(3))
+    admitted(node.intake, first, 1)
+    await saturate(node)
+    for publisher in (first, second, third):
+        publisher.taken += admitted(node.intake, publisher)
+    assert [p.taken for p in (first, second, third)] == [SLACK, 0, 0]
+    for delivered in range(1, 7):  # one credit at a time, each to the next held connection
+        node.delivered += 1
+        await eventually(
+            lambda n=delivered: first.taken + second.taken + third.taken == SLACK + n,
+            "the credit taken",
+        )
+    assert [p.taken for p in (first, second, third)] == [SLACK + 2, 2, 2]
