@@ -72,8 +72,8 @@ class Intake:
     """The credit of PUBLISHes the node may take in while it couples intake to delivery."""
 
     __slots__ = (
-        "_active", "_admitted", "_base", "_delivered", "_held_since", "_lagging", "_late_at",
-        "_loop", "_timer", "coupled", "holds", "late", "waiting",
+        "_active", "_delivered", "_held_since", "_lagging", "_late_at", "_loop", "_spent",
+        "_timer", "coupled", "holds", "late", "waiting",
     )  # fmt: skip
 
     def __init__(
@@ -92,8 +92,10 @@ class Intake:
         self._timer: asyncio.TimerHandle | None = None
         self.coupled = False
         """Intake is bounded by delivery now."""
-        self._base = 0
-        self._admitted = 0
+        self._spent = 0
+        """What the admitted PUBLISHes since the coupling began cost, on the scale of
+        ``delivered()`` (which stood there when it began): the credit is what was delivered
+        beyond it, plus ``SLACK``."""
         self._late_at = 0.0
         self._held_since = 0.0
         self._active = False
@@ -112,7 +114,7 @@ class Intake:
         if not self.coupled:
             return True
         if self._credit() > 0:
-            self._admitted += 1
+            self._spent += 1
             return True
         if reader not in self.waiting:
             if not self.waiting:
@@ -126,7 +128,7 @@ class Intake:
         self.waiting.pop(reader, None)
 
     def _credit(self) -> int:
-        return self._delivered() - self._base - self._admitted + SLACK
+        return self._delivered() - self._spent + SLACK
 
     def _now(self) -> float:
         assert self._loop is not None
@@ -146,11 +148,11 @@ class Intake:
             self._late_at = now
             if not self.coupled:
                 self.coupled = True
-                self._base, self._admitted = self._delivered(), 0
+                self._spent = self._delivered()
         if self.coupled and (not lagging or now - self._late_at > QUIET):
             self.coupled = False
         if self.waiting and self.coupled and now - self._held_since >= MAX_HOLD:
-            self._admitted -= SLACK
+            self._spent -= SLACK
         if self.waiting and (not self.coupled or self._credit() > 0):
             self._resume()
         active, self._active = self._active, False
