@@ -84,6 +84,8 @@ COUNTERS = {
     "share_groups_refused": "$share filters refused (0x80), or not served after a resume, for "
     "--max-share-groups or --max-share-groups-per-client.",
     "share_messages_denied": "Shared messages no member on this node may read (finished unread).",
+    "share_lease_failures": "Steps of a share group's leases that Redis did not answer (the "
+    "group's partitions are not served once its leases may have passed to another node).",
     "history_refused": "$history filters refused (0x80) for --max-history or "
     "--max-history-per-client.",
     "refused_max_connections": "Connections closed at accept for --max-connections.",
@@ -124,7 +126,7 @@ GAUGES = {
     "buffered_bytes": "Bytes held in clients' partial packets and output buffers now.",
     "clients": "Connected clients.",
     "clients_behind": "Clients reading on from the log now.",
-    "share_groups": "$share groups with members on this node now (a Kafka consumer each).",
+    "share_groups": "$share groups with members on this node now.",
     "history_streams": "$history subscriptions this node reads for now.",
     "sessions_catching_up": "Sessions the catch-up consumer is reading for now.",
     "sessions_active": "Persistent sessions the saver looks at each round.",

@@ -56,6 +56,7 @@ from frontend.retained import (
 from frontend.sessions.manager import SessionManager
 from frontend.sessions.redis import RedisClient, RedisSessionStore
 from frontend.sessions.store import MemorySessionStore, SessionStore
+from frontend.share_leases import RedisShareLeases
 from frontend.stats import serve_stats, snapshot
 from frontend.systree import SysTree
 from frontend.values import ConfigError
@@ -249,6 +250,7 @@ class Node:
             client, self.config.routing_depth, prefix, self.retained_limits
         )
         sessions.join_cluster(store, self.systree.serving(retained), coordinator)
+        self.dispatcher.shares.leases = RedisShareLeases(client, prefix, self.config.node_id)
         await coordinator.start()
         self._redis = client
 
@@ -329,12 +331,14 @@ class Node:
         )  # fmt: skip
 
     async def _stop_parts(self, deadline: float) -> None:
-        """Stop $SYS, the sessions' saver, the log, the coordinator, Redis and the listeners,
-        in that order, by ``deadline`` (``time.monotonic()``) in all."""
+        """Stop $SYS, the sessions' saver, the relays, the share groups, the log, the
+        coordinator, Redis and the listeners, in that order, by ``deadline``
+        (``time.monotonic()``) in all."""
         parts: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("$SYS", self.systree.stop),
             ("the sessions' saver", self.sessions.stop),
             ("the relays", self.relays.stop),
+            ("the share groups", self.dispatcher.shares.stop),
             ("the log", lambda: self.log.stop(min(FLUSH_WAIT, self._left(deadline) / 3))),
         ]
         if self.sessions.coordinator is not None:

@@ -17,6 +17,8 @@ SUBSCRIBE              Kafka cannot say where partitions end       SUBACK 0x80 f
                        within ``OUTAGE_SECONDS`` (asked again)
 SUBSCRIBE, persistent  Redis error storing the subscription        no SUBACK; close (the client
                                                                    subscribes again on reconnect)
+SUBSCRIBE ``$share``   Redis error taking the group's first step   no SUBACK; close
+                       of leases (``router.shared``)
 after SUBACK           Redis error reading retained messages       close (they come with the next
                                                                    SUBSCRIBE)
 catching up (resumed   the log unreadable for ``OUTAGE_SECONDS``   close; the stored positions stay,
@@ -41,11 +43,15 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from mqttcore import channel as ch
 from mqttcore.packets import ConnackCode
+from router.shared import LeaseError
 
 log = logging.getLogger("headwater.outages")
 
-STORE_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
-"""What the session and retained stores raise when Redis is unreachable or failing."""
+STORE_ERRORS: tuple[type[Exception], ...] = (
+    RedisError, RedisClusterException, OSError, LeaseError,
+)  # fmt: skip
+"""What the session and retained stores and the share groups' leases raise when Redis is
+unreachable or failing."""
 LOG_ERRORS: tuple[type[Exception], ...] = (KafkaException,)
 """What the log raises when Kafka refuses a request."""
 OUTAGES = STORE_ERRORS + LOG_ERRORS

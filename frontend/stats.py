@@ -99,6 +99,7 @@ def snapshot(
         "history_streams": dispatcher.history_streams,
         "history_refused": dispatcher.history_refused,
         "share_messages_denied": dispatcher.shares.denied,
+        "share_lease_failures": dispatcher.shares.lease_failures,
         "kafka_available": klog.available,
         "redis_reachable": sessions.coordinator is None or sessions.coordinator.redis_reachable,
         "connections": len(services.connections),

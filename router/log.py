@@ -261,7 +261,7 @@ class KafkaLog:
         }
 
     def consumer(self, group_id: str, **config: Any) -> Consumer:
-        """A consumer of the log for the reader or a share group (offsets never auto-committed)."""
+        """A consumer of the log for the reader (offsets never auto-committed)."""
         return Consumer({
             **self._common(),
             "client.id": f"headwater-{self.settings.node_id}",
@@ -290,11 +290,12 @@ class KafkaLog:
         catch_up = self.consumer(
             f"headwater-catchup-{node}", **{"queued.max.messages.kbytes": 8192}
         )
-        for consumer in (live, catch_up):
+        shares = self.consumer(f"headwater-shares-{node}", **{"queued.max.messages.kbytes": 8192})
+        for consumer in (live, catch_up, shares):
             # Learn the topic's leaders now: a consumer that first meets the topic when a
             # partition is assigned waits for librdkafka's next metadata scan (up to a second).
             await self._loop.run_in_executor(None, consumer.list_topics, self.settings.topic, 10)
-        self.reader.start(live, catch_up)
+        self.reader.start(live, catch_up, shares)
         self._running = True
         self._pump_handle = self._loop.call_soon(self._pump)
         self.available = True

@@ -10,11 +10,11 @@ no consumer per client, per session or per replay.  The consumers:
   position, live start)`` per partition.  All sessions catching up share it: per partition it
   reads from the lowest cursor among them, and each record goes to every session whose range
   holds it (:class:`router.catchup.CatchUp`);
-* one per **share group** with members on this node (a Kafka group is a consumer's property):
-  :class:`router.shared.ShareGroup`.
+* **shares** (manual assignment, no group): every partition a share group of this node holds a
+  lease of, from the lowest position among those groups; each record goes to every such group
+  it is for (:class:`router.shared.ShareReader`).
 
-So the number of consumers is two plus the number of share groups (at most
-``--max-share-groups``, ``router.shared.ShareGroups``), independent of clients and sessions.
+So the number of consumers is three, independent of clients, sessions and share groups.
 
 A leader election or a short outage is ridden out, never reported to a client from here: a
 consume call that raises is not made again before a backoff (``router.retry``), a fetch error a
@@ -37,7 +37,7 @@ from router import record
 from router.catchup import CatchUp, Take
 from router.record import Record
 from router.retry import Backoff, Retries, close_aside
-from router.shared import ShareGroup
+from router.shared import ShareReader
 
 log = logging.getLogger("headwater.log")
 
@@ -49,14 +49,12 @@ iterations short (the PUBACKs of connected subscribers are read between them), w
 
 
 CLOSE_WAIT = 5.0
-"""Seconds a stopping reader waits for its consumers to commit last and close; one still at it
-then is left to its thread (a broker that does not answer holds up neither a drain nor the
-process's exit).  A share group's consumer that is left so has not committed its last offsets:
-the group's next reader reads those records again (at least once, as after a crash)."""
+"""Seconds a stopping reader waits for its consumers to close; one still at it then is left to
+its thread (a broker that does not answer holds up neither a drain nor the process's exit)."""
 
 
 class LogReader:
-    """The live consumer, the catch-up consumer and the share groups' consumers of one node."""
+    """The live consumer, the catch-up consumer and the share consumer of one node."""
 
     def __init__(self, topic: str, fetch_batch: int, retries: Retries | None = None) -> None:
         self.topic = topic
@@ -72,20 +70,20 @@ class LogReader:
         self._live: Consumer | None = None
         self._assigned: dict[int, bool] = {}
         self.catch_up: CatchUp | None = None
-        self.shares: list[ShareGroup] = []
-        self._leaving: set[asyncio.Task[None]] = set()
+        self.shares = ShareReader(topic, self._decode, self.retries)
 
-    def start(self, live: Consumer, catch_up: Consumer) -> None:
+    def start(self, live: Consumer, catch_up: Consumer, shares: Consumer) -> None:
         self._live = live
         self.catch_up = CatchUp(catch_up, self.topic, CATCH_UP_BATCH, self._decode, self.retries)
+        self.shares.start(shares)
 
     async def stop(self) -> None:
         """Close every consumer at once, each aside (``router.retry.close_aside``), and wait
         for them up to ``CLOSE_WAIT``; the replays still waiting fail (nothing serves them
         any more)."""
-        for group in list(self.shares):
-            self.forget(group)
-        closing: list[asyncio.Future[None]] = [*self._leaving]
+        closing: list[asyncio.Future[None]] = []
+        if (shares := self.shares.stop()) is not None:
+            closing.append(shares)
         for consumer in (self._live, self.catch_up.consumer if self.catch_up else None):
             if consumer is not None:
                 closing.append(close_aside(consumer))
@@ -101,8 +99,7 @@ class LogReader:
         busy = self._serve_live()
         if self.catch_up is not None:
             busy |= self.catch_up.serve()
-        for group in self.shares:
-            busy |= group.serve(self._decode)
+        busy |= self.shares.serve()
         return busy
 
     # -- live partitions ----------------------------------------------------------------------
@@ -161,7 +158,7 @@ class LogReader:
             self.on_records(batch)
         return True
 
-    # -- catch-up ranges and share groups -------------------------------------------------------
+    # -- catch-up ranges ---------------------------------------------------------------------
 
     async def replay(
         self, ranges: dict[int, tuple[int, int]], take: Take, room: Callable[[], bool]
@@ -175,18 +172,6 @@ class LogReader:
     def catching_up(self) -> int:
         """Sessions reading missed records now."""
         return len(self.catch_up.cursors) if self.catch_up is not None else 0
-
-    def join(self, group: ShareGroup) -> None:
-        self.shares.append(group)
-
-    def forget(self, group: ShareGroup) -> None:
-        """Stop serving ``group`` (served or not yet); its consumer leaves the Kafka group and
-        closes in the background."""
-        if group in self.shares:
-            self.shares.remove(group)
-        task = asyncio.get_running_loop().create_task(group.stop())
-        self._leaving.add(task)
-        task.add_done_callback(self._leaving.discard)
 
     def _decode(self, raw: list[Any]) -> list[Record]:
         """The records of a fetched batch, counted; fetch errors and undecodable values are

@@ -1,170 +1,205 @@
 """Shared subscriptions, ``$share/<group>/<filter>``: each message to one member cluster-wide.
 
-Each (group, filter) is one Kafka consumer group (:func:`group_id`) whose members are the nodes
-that have at least one local client in the share.  Kafka's group protocol gives each partition
-of the log to exactly one member node, so each matching record is handled by one node; that node
-hands it to one of its local members, round-robin.  Partitions the filter cannot need (see
-``router.partitioner``) are paused as soon as they are assigned, so a node never fetches them:
-interest routing holds for shared subscriptions too.  Balance across nodes is therefore at
+A share group (a name and a filter, :func:`group_id`) has as members the nodes with at least one
+local client in it.  Each partition of the log the filter can need (``router.partitioner``) is
+held by one member node at a time, under a lease; the node holding a partition hands each
+matching record of it to one of its local members, round-robin.  Balance across nodes is at
 partition granularity: a filter whose routing levels are literal lives on one partition and is
 served by one node at a time.
 
-Bounds.  A Kafka consumer belongs to exactly one ``group.id``, and each share group must see
-every record of the log once, whatever the other groups do; so a group's record positions,
-commits and partition ownership are its own, and the one honest way to get them from Kafka is
-one consumer per group (librdkafka: about four threads and its fetch buffers).  Groups sharing a
-bounded set of consumers per node would mean rebuilding Kafka's group protocol beside it
-(partition leases per group in Redis, per-group commit points, the node's one reader delivering
-for every group it holds leases of, rebalances when members come and go) with its own failure
-cases to prove: not something to ship untested.  So the number of share groups is capped
-instead (:class:`ShareGroups`): at most ``--max-share-groups`` groups with members on a node, and
-at most ``--max-share-groups-per-client`` ``$share`` filters held by one client.  A SUBSCRIBE
-beyond either bound gets 0x80 for that filter, counted (``share_groups_refused``) and logged once
-per bound; joining a group the node already has costs no consumer and only counts against the
-client's bound.  Threads therefore grow with the setting, never with what clients ask for.  A
-returning session whose stored ``$share`` filter would go beyond the node's bound keeps the
-filter but is not served it on this node (counted the same way): the group's records wait in
-Kafka for a member node, as they do for a group with no member anywhere.
+Pooled, not one consumer a group.  Every share group of a node is read by the node's one share
+consumer (:class:`ShareReader`, manual assignment, no Kafka group): it reads each partition some
+group here holds from the lowest position among those groups, and each record goes to every
+group holding its partition whose position it has reached.  A group is a set of positions and
+its members, no consumer and no thread of its own: a client asking for 300 groups costs the
+node no thread (librdkafka's are the share consumer's, made once at start).  Kafka's group
+protocol, which gave each group a consumer (about four threads), is replaced by leases:
+
+* **Membership and leases** (:class:`Leases`): every ``HOLD_SECONDS`` each node holds each of
+  its groups in one atomic step: it renews its membership (expiring ``LEASE_SECONDS`` on), the
+  partitions are dealt to the live members (sorted wanted partitions, round-robin over the
+  sorted member ids: every node computes the same), it releases the leases dealt to others and
+  takes those dealt to it that are free (a lease expires ``LEASE_SECONDS`` after its holder
+  last renewed it).  A partition dealt to a new member moves at the holder's next step and is
+  taken at the one after: within ``2 * HOLD_SECONDS``; a node that dies loses its leases and
+  membership ``LEASE_SECONDS`` later, as a Kafka consumer its session.  With Redis the leases
+  are keys of the group's slot (``frontend.cluster.RedisShareLeases``); a node without Redis
+  is alone, and holds every partition (:class:`LocalLeases`).
+* **Commit points**: per partition, the lowest offset still outstanding (handed to a member and
+  not acknowledged: QoS 0 once written, QoS 1/2 once PUBACKed or PUBCOMPed, or finished unread
+  as below).  They ride on each step, and a step commits only the partitions the node still
+  holds (a fencing check: a node that lost a lease while it stood still cannot move the group's
+  point).  A partition taken is read from its commit point; a group's first holder stores the
+  high watermark read when its share began (never a lazy "latest", which would skip what is
+  published between the SUBACK and the first fetch).  At least once across a move or a crash:
+  what was outstanding is delivered again by the next holder.
+* **A lease not renewed is not served**: a node whose last step is older than
+  ``LEASE_SECONDS`` (Redis unreachable, the process stopped) stops handing out its partitions
+  before another node can have taken them, and takes them back only through a step.
+
+Bounds.  A group costs a step every ``HOLD_SECONDS`` (one script on the group's slot) and its
+positions; so the number of groups is still bounded (:class:`ShareGroups`): at most
+``--max-share-groups`` groups with members on a node, at most ``--max-share-groups-per-client``
+``$share`` filters held by one client.  A SUBSCRIBE beyond either gets 0x80 for that filter,
+counted (``share_groups_refused``) and logged once per bound.  A returning session whose stored
+``$share`` filter would go beyond the node's bound keeps the filter but is not served it on this
+node (counted the same way): the group's records wait in the log for a member node.
 
 Group ids.  :func:`group_id` is injective: ``headwater.share.<n>:<group>.<filter>``, ``<n>``
-the share name's length in characters, so no two (group, filter) pairs share a Kafka group
-(the former ``headwater.share.<group>.<filter>`` made ``$share/q1/p.t/x`` and
-``$share/q1.p/t/x`` one group, each record going to only one of them).  Deployments upgraded
-from that form get new group ids: the old ids' committed offsets are not read, and each group
-starts at the high watermark, like any new group (messages published while no node held the
-group are not delivered to it); the old groups expire from Kafka by its offset retention.
+the share name's length in characters, so no two (group, filter) pairs are one group (the former
+``headwater.share.<group>.<filter>`` made ``$share/q1/p.t/x`` and ``$share/q1.p/t/x`` one).  The
+commit points are kept under it (``frontend.cluster``) for ``RETENTION_SECONDS`` after their last
+move (Kafka's default offset retention): a group whose members all left takes up again where it
+was.  Deployments upgraded from Kafka consumer groups for shares start each group at the high
+watermark, like a new group.
 
-Reading rights.  A record goes to the next member, in round-robin order, that may read its
-topic (``Session.may_read``: the ACL at the time of sending).  A member that may not is
-skipped, never handed the record to acknowledge it unread.  If no member on this node may read
-it, the record is finished (committed) unread and counted (``share_messages_denied``): Kafka
-gave the partition to this node for the group, so no other node of the group will see the
-record while this node holds it, and keeping it outstanding would pin the partition's commit
-point forever (every later record would be delivered again at each rebalance).  That is
-Mosquitto's answer too (a shared message its chosen member may not read is dropped), except
-that here every local member is asked first.  A member that leaves with records unacknowledged
-hands them to the next member that may read them, or leaves them uncommitted if none is left.
-
-Offsets are committed only for records whose delivery is finished: QoS 0 once written to a
-member, QoS 1/2 once the member acknowledged (PUBACK, PUBCOMP), or denied as above.  Per
-partition the committed offset is the lowest offset still outstanding, so a node that leaves or
-dies hands its partitions to another member node, which resumes from there: nothing is lost, and
-a message whose ack was pending may be delivered again (at-least-once across a failure, as Kafka
-groups give).
+Reading rights.  A record goes to the next member, in round-robin order, that may read its topic
+(``Session.may_read``: the ACL at the time of sending).  A member that may not is skipped, never
+handed the record to acknowledge it unread.  If no member on this node may read it, the record
+is finished unread and counted (``share_messages_denied``): this node holds the partition for
+the group, so no other node will see the record while it does, and keeping it outstanding would
+pin the partition's commit point for good.  That is Mosquitto's answer too (a shared message its
+chosen member may not read is dropped), except that here every local member is asked first.  A
+member that leaves with records unacknowledged hands them to the next member that may read them,
+or leaves them uncommitted if none is left.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from confluent_kafka import (
-    OFFSET_END,
-    OFFSET_INVALID,
-    OFFSET_STORED,
-    Consumer,
-    KafkaException,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from mqttcore import topics
 from mqttcore.session import Session
 from router.partitioner import Router
 from router.record import Record
-from router.retry import close_aside, leave_group
+from router.retry import Backoff, Retries, close_aside
 
 log = logging.getLogger("headwater.shared")
 
-COMMIT_INTERVAL = 0.5
+HOLD_SECONDS = 1.0
+"""Seconds between two steps of a group's leases (its commit points ride on them)."""
+LEASE_SECONDS = 10.0
+"""A membership or a partition's lease not renewed for this long is gone (Kafka's default
+session timeout for its groups' members)."""
+RETENTION_SECONDS = 7 * 24 * 3600.0
+"""A group's commit points are kept this long after they last moved (Kafka's default
+``offsets.retention.minutes``)."""
+SHARE_BATCH = 500
+"""Records the share consumer hands over per turn of the pump."""
 
-DEFAULT_MAX_SHARE_GROUPS = 32
-"""Share groups with members on one node, at most (``--max-share-groups``): a consumer each."""
+DEFAULT_MAX_SHARE_GROUPS = 256
+"""Share groups with members on one node, at most (``--max-share-groups``)."""
 DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT = 8
 """``$share`` filters one client holds, at most (``--max-share-groups-per-client``)."""
 
 
 def group_id(group: str, topic_filter: str) -> str:
-    """The Kafka group id of ``$share/<group>/<filter>``: injective, the share name's length
-    first (a share name may hold dots and colons, a filter dots and slashes)."""
+    """The id of ``$share/<group>/<filter>``: injective, the share name's length first (a
+    share name may hold dots and colons, a filter dots and slashes)."""
     return f"headwater.share.{len(group)}:{group}.{topic_filter}"
 
 
-def consumer_config() -> dict[str, Any]:
-    """What a share group's consumer needs beyond the log's common consumer settings."""
-    return {
-        "auto.offset.reset": "latest",
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": 10_000,
-        "heartbeat.interval.ms": 1_000,
-    }
+class LeaseError(Exception):
+    """The leases could not be held now (their store did not answer)."""
+
+
+class Leases(Protocol):
+    """Where the members of share groups hold partitions (see the module docstring)."""
+
+    async def hold(
+        self,
+        gid: str,
+        wanted: Sequence[int],
+        commits: Mapping[int, int],
+        starts: Mapping[int, int],
+    ) -> dict[int, int]:
+        """One step of this node's part in group ``gid``: ``commits`` stored for the partitions
+        it still holds; its membership renewed; the partitions of ``wanted`` (sorted) dealt to
+        the live members, the ones dealt to others released and the free ones dealt to it
+        taken.  Returns the partitions it holds, each with the group's commit point (``starts``'
+        where the group has none yet, stored).  Raises :class:`LeaseError`."""
+        ...
+
+    async def leave(self, gid: str, wanted: Sequence[int], commits: Mapping[int, int]) -> None:
+        """``commits`` stored, this node's leases of ``gid`` released, its membership ended."""
+        ...
+
+
+class LocalLeases:
+    """A node alone (no Redis): it holds every partition of its groups; commit points kept
+    while the group has members here."""
+
+    def __init__(self) -> None:
+        self._points: dict[str, dict[int, int]] = {}
+
+    async def hold(
+        self,
+        gid: str,
+        wanted: Sequence[int],
+        commits: Mapping[int, int],
+        starts: Mapping[int, int],
+    ) -> dict[int, int]:
+        points = self._points.setdefault(gid, {})
+        points.update(commits)
+        return {p: points.setdefault(p, starts[p]) for p in wanted}
+
+    async def leave(self, gid: str, wanted: Sequence[int], commits: Mapping[int, int]) -> None:
+        self._points.pop(gid, None)
 
 
 class _Offsets:
-    """Per partition: offsets handed out but not finished; what may be committed.
-
-    Used from the event loop and, when the group is left, from the thread that commits last and
-    closes the consumer (its revocation callback commits and forgets), hence the lock."""
+    """Per partition: offsets handed out but not finished; what may be committed."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._outstanding: dict[int, set[int]] = {}
         self._next: dict[int, int] = {}
         self._committed: dict[int, int] = {}
 
     def start(self, partition: int, offset: int) -> None:
-        with self._lock:
-            self._outstanding.setdefault(partition, set()).add(offset)
-            self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+        self._outstanding.setdefault(partition, set()).add(offset)
+        self._next[partition] = offset + 1
 
     def finish(self, partition: int, offset: int) -> None:
-        with self._lock:
-            self._outstanding.get(partition, set()).discard(offset)
+        pending = self._outstanding.get(partition)
+        if pending is not None:
+            pending.discard(offset)
 
     def skip(self, partition: int, offset: int) -> None:
-        with self._lock:
-            self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+        self._next[partition] = offset + 1
 
     def due(self) -> dict[int, int]:
         """Commit points that moved since the last commit."""
         due: dict[int, int] = {}
-        with self._lock:
-            for partition, nxt in self._next.items():
-                pending = self._outstanding.get(partition)
-                point = min(pending) if pending else nxt
-                if self._committed.get(partition) != point:
-                    due[partition] = point
+        for partition, nxt in self._next.items():
+            pending = self._outstanding.get(partition)
+            point = min(pending) if pending else nxt
+            if self._committed.get(partition) != point:
+                due[partition] = point
         return due
 
-    def committed(self, points: dict[int, int]) -> None:
-        with self._lock:
-            self._committed.update(points)
+    def committed(self, points: Mapping[int, int]) -> None:
+        self._committed.update(points)
 
-    def forget(self, partitions: list[int]) -> None:
-        with self._lock:
-            for partition in partitions:
-                self._outstanding.pop(partition, None)
-                self._next.pop(partition, None)
-                self._committed.pop(partition, None)
+    def forget(self, partitions: Iterable[int]) -> None:
+        for partition in partitions:
+            self._outstanding.pop(partition, None)
+            self._next.pop(partition, None)
+            self._committed.pop(partition, None)
 
 
 class ShareGroup:
-    """This node's part in one shared subscription: a group consumer and the local members.
-
-    Served by the log's pump (:meth:`serve`, non-blocking) like the node's other consumers.  The
-    rebalance callbacks run inside that call and make the two short blocking calls Kafka's
-    group protocol asks for (read the committed offsets of partitions gained, commit those of
-    partitions lost): when a node joins or leaves the group, never per message."""
+    """This node's part in one shared subscription: its local members and the partitions it
+    holds, each with the next offset it takes."""
 
     def __init__(
         self,
-        consumer: Consumer,
-        topic: str,
         group: str,
         topic_filter: str,
         wanted: frozenset[int],
@@ -172,25 +207,22 @@ class ShareGroup:
     ) -> None:
         self.group = group
         self.filter = topic_filter
+        self.gid = group_id(group, topic_filter)
         self.members: dict[str, int] = {}
         """client id -> granted QoS, in joining order (round-robin order)."""
         self._turn = 0
-        self._consumer = consumer
-        self._topic = topic
-        self.wanted = wanted
-        """Partitions the filter can match (the others are paused when assigned)."""
+        self.wanted = tuple(sorted(wanted))
+        """Partitions the filter can match, the only ones it holds leases of."""
         self._deliver = deliver
-        self._offsets = _Offsets()
-        self._next_commit = 0.0
+        self.offsets = _Offsets()
         self.start_offsets: dict[int, int] = {}
-        """High watermarks read when this node joined, for partitions never committed."""
-        self.assigned: set[int] = set()
-        """Partitions Kafka gave this node in the group (paused ones included)."""
+        """High watermarks read when this node's share began: the group's start where none."""
+        self.positions: dict[int, int] = {}
+        """Partitions held now -> the next offset to take."""
+        self.held_until = 0.0
+        """``time.monotonic()`` after which the leases may have passed to another node."""
         self.ready: asyncio.Task[None] | None = None
-        """Reading the start offsets and subscribing (:meth:`ShareGroups.start`), once."""
-        self._stopped = False
-
-    # -- members ------------------------------------------------------------------------------
+        """Reading the start offsets and the first step (:meth:`ShareGroups.start`), once."""
 
     def pick(self, may_read: Callable[[str], bool], skip: str | None = None) -> str | None:
         """The member whose turn it is (round-robin) among those that ``may_read`` the record,
@@ -203,105 +235,112 @@ class ShareGroup:
                 return names[turn]
         return skip if skip in self.members and may_read(skip) else None
 
-    # -- life cycle ---------------------------------------------------------------------------
-
-    def start(self, start_offsets: dict[int, int]) -> None:
-        self.start_offsets = start_offsets
-        self._consumer.subscribe(
-            [self._topic], on_assign=self._on_assign, on_revoke=self._on_revoke
-        )
-        self._next_commit = time.monotonic() + COMMIT_INTERVAL
-
-    async def stop(self) -> None:
-        """Leave the group (its partitions move to other member nodes); once.  The last commit
-        and the close wait on the group's coordinator, the commit without a bound (it held a
-        draining node's event loop while the broker was stalled): both run aside
-        (``router.retry.close_aside``), the group left before the close
-        (``router.retry.leave_group``: no rebalance callback runs inside ``close()``)."""
-        if self._stopped:
+    def offer(self, rec: Record) -> None:
+        """``rec`` read from a partition this group holds: taken if the group is there."""
+        at = self.positions.get(rec.partition)
+        if at is None or rec.offset < at:
             return
-        self._stopped = True
-        consumer = self._consumer
-        await close_aside(consumer, lambda: self._leave(consumer))
-
-    def _leave(self, consumer: Consumer) -> None:
-        self._commit_now(consumer)
-        leave_group(consumer)  # its revocation commits again: what was finished meanwhile
-
-    # -- rebalances ---------------------------------------------------------------------------
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Take partitions at the group's committed offsets; where the group has none yet, at
-        the high watermark read when this node's share began (never a lazy "latest", which
-        would skip what is published between the SUBACK and the first fetch).  If Kafka does
-        not say them in time, the partitions are taken at the stored offsets librdkafka reads
-        itself ("latest" where there are none): nothing raises out of a rebalance callback,
-        which confluent-kafka re-raises from ``poll()`` or ``close()`` as a ``KafkaError`` no
-        ``except`` catches (a closing thread died of one)."""
-        unwanted = [tp for tp in partitions if tp.partition not in self.wanted]
-        committed: dict[int, int] | None = None
-        try:
-            committed = {p.partition: p.offset for p in consumer.committed(partitions, timeout=10)}
-        except KafkaException as exc:
-            log.warning("share group %s: committed offsets not read (%s)", self.group, exc)
-        for tp in partitions:
-            if committed is None:
-                tp.offset = OFFSET_STORED
-            elif committed.get(tp.partition, OFFSET_INVALID) < 0:
-                tp.offset = self.start_offsets.get(tp.partition, OFFSET_END)
-            else:
-                tp.offset = committed[tp.partition]
-        consumer.incremental_assign(partitions)
-        self.assigned.update(tp.partition for tp in partitions)
-        if unwanted:
-            consumer.pause(unwanted)  # never fetched: the filter cannot match them
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._commit_now(consumer)
-        consumer.incremental_unassign(partitions)
-        self.assigned.difference_update(tp.partition for tp in partitions)
-        self._offsets.forget([tp.partition for tp in partitions])
-
-    # -- serving ------------------------------------------------------------------------------
-
-    def serve(self, decode: Callable[[list[Any]], list[Record]]) -> bool:
-        """Take what the consumer fetched (and run its rebalance callbacks); commit what is due."""
-        try:
-            raw = self._consumer.consume(500, 0)
-        except (KafkaException, RuntimeError) as exc:
-            log.warning("share group %s: %s", self.group, exc)
-            return False
-        for rec in decode(raw):
-            if topics.matches(self.filter, rec.message.topic):
-                self._offsets.start(rec.partition, rec.offset)
-                self._deliver(self, rec)
-            else:
-                self._offsets.skip(rec.partition, rec.offset)
-        now = time.monotonic()
-        if now >= self._next_commit:
-            self._next_commit = now + COMMIT_INTERVAL
-            self._commit_due()
-        return bool(raw)
+        self.positions[rec.partition] = rec.offset + 1
+        if topics.matches(self.filter, rec.message.topic):
+            self.offsets.start(rec.partition, rec.offset)
+            self._deliver(self, rec)
+        else:
+            self.offsets.skip(rec.partition, rec.offset)
 
     def finished(self, rec: Record) -> None:
         """A member acknowledged ``rec`` (or it needed no acknowledgement)."""
-        self._offsets.finish(rec.partition, rec.offset)
+        self.offsets.finish(rec.partition, rec.offset)
 
-    def _commit_due(self) -> None:
-        due = self._offsets.due()
-        if due:
-            offsets = [TopicPartition(self._topic, p, o) for p, o in due.items()]
-            with contextlib.suppress(KafkaException):
-                self._consumer.commit(offsets=offsets, asynchronous=True)
-                self._offsets.committed(due)
 
-    def _commit_now(self, consumer: Consumer) -> None:
-        due = self._offsets.due()
-        if due:
-            offsets = [TopicPartition(self._topic, p, o) for p, o in due.items()]
-            with contextlib.suppress(KafkaException):
-                consumer.commit(offsets=offsets, asynchronous=False)
-                self._offsets.committed(due)
+class ShareReader:
+    """The node's one consumer for its share groups (manual assignment, no Kafka group).
+
+    Invariants: a partition is assigned exactly while some group here holds it, at or below the
+    lowest position among those groups; a record goes to a group at most once (at or after its
+    position, which then moves past it).  Re-assigning a partition bumps librdkafka's fetch
+    version, so records fetched before are never handed out."""
+
+    def __init__(
+        self, topic: str, decode: Callable[[list[Any]], list[Record]], retries: Retries
+    ) -> None:
+        self.topic = topic
+        self._decode = decode
+        self._retries = retries
+        self._backoff = Backoff()
+        self.consumer: Consumer | None = None
+        self._holders: dict[int, list[ShareGroup]] = {}
+        self._reading: dict[int, int] = {}
+        """Assigned partitions -> the next offset the consumer hands out."""
+
+    def start(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+
+    def stop(self) -> asyncio.Future[None] | None:
+        """Close the consumer aside (``router.retry.close_aside``); nothing is committed."""
+        consumer, self.consumer = self.consumer, None
+        self._holders.clear()
+        self._reading.clear()
+        return close_aside(consumer) if consumer is not None else None
+
+    def gain(self, group: ShareGroup, partition: int, offset: int) -> None:
+        """``group`` holds ``partition`` from ``offset`` on."""
+        group.positions[partition] = offset
+        holders = self._holders.setdefault(partition, [])
+        if group not in holders:
+            holders.append(group)
+        at = self._reading.get(partition)
+        if (at is not None and at <= offset) or self.consumer is None:
+            return
+        tp = TopicPartition(self.topic, partition, offset)
+        if at is not None:
+            self.consumer.incremental_unassign([TopicPartition(self.topic, partition)])
+        self.consumer.incremental_assign([tp])
+        self._reading[partition] = offset
+
+    def lose(self, group: ShareGroup, partitions: Iterable[int]) -> None:
+        """``group`` holds ``partitions`` no more (their outstanding records stay its own)."""
+        for partition in list(partitions):
+            group.positions.pop(partition, None)
+            holders = self._holders.get(partition, [])
+            if group in holders:
+                holders.remove(group)
+            if not holders:
+                self._holders.pop(partition, None)
+                if self._reading.pop(partition, None) is not None and self.consumer is not None:
+                    self.consumer.incremental_unassign([TopicPartition(self.topic, partition)])
+
+    def serve(self) -> bool:
+        """Hand what the consumer fetched to the groups; True if it had something."""
+        consumer = self.consumer
+        if consumer is None or not self._reading:
+            return False
+        now = time.monotonic()
+        if self._backoff.until and now < self._backoff.until:
+            return False
+        self._drop_stale(now)
+        try:
+            raw = consumer.consume(SHARE_BATCH, 0)
+        except (KafkaException, RuntimeError) as exc:
+            paused = self._backoff.failed(now)
+            self._retries.count("share")
+            log.warning("share consume failed: %s; trying again in %.2f s", exc, paused)
+            return False
+        if self._backoff.until:
+            self._backoff.succeeded()
+        for rec in self._decode(raw):
+            if rec.partition not in self._reading:
+                continue
+            self._reading[rec.partition] = rec.offset + 1
+            for group in self._holders.get(rec.partition, ()):
+                group.offer(rec)
+        return bool(raw)
+
+    def _drop_stale(self, now: float) -> None:
+        """Groups whose leases may have passed to another node stop being served."""
+        stale = {g for holders in self._holders.values() for g in holders if g.held_until < now}
+        for group in stale:
+            log.warning("share group %s: leases not renewed; not serving them", group.gid)
+            self.lose(group, list(group.positions))
 
 
 @dataclass(slots=True, frozen=True)
@@ -313,29 +352,18 @@ class ShareLimits:
     per_client: int = DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT
 
 
-class _Named(Protocol):
-    @property
-    def topic(self) -> str: ...
-
-
 class GroupReader(Protocol):
     """The node's one reader (``router.reader.LogReader``), as share groups use it."""
 
-    def join(self, group: ShareGroup) -> None: ...
-
-    def forget(self, group: ShareGroup) -> None: ...
+    @property
+    def shares(self) -> ShareReader: ...
 
 
 class GroupLog(Protocol):
     """The node's log (``router.log.KafkaLog``), as share groups use it."""
 
     @property
-    def settings(self) -> _Named: ...
-
-    @property
     def reader(self) -> GroupReader: ...
-
-    def consumer(self, group_id: str, **config: Any) -> Consumer: ...
 
     async def high_watermarks(self, partitions: Iterable[int]) -> dict[int, int]: ...
 
@@ -346,8 +374,9 @@ class ShareGroups:
     Invariants: ``groups`` never holds more than ``limits.per_node`` groups, each with at least
     one member; a member of a group holds the group's ``$share`` filter in its session, and no
     session holds more than ``limits.per_client`` of them through :meth:`join`.  Joining is
-    synchronous (the bounds are checked and taken in one step of the event loop); starting a
-    new group's consumer is awaited once by everyone who joined it meanwhile."""
+    synchronous (the bounds are checked and taken in one step of the event loop); a new group's
+    first step is awaited once by everyone who joined it meanwhile.  The steps run on one timer
+    while groups exist, none while there are none."""
 
     def __init__(
         self,
@@ -358,14 +387,22 @@ class ShareGroups:
     ) -> None:
         self.limits = limits
         self.groups: dict[tuple[str, str], ShareGroup] = {}
+        self.leases: Leases = LocalLeases()
+        """Where the leases are held: ``frontend.cluster.RedisShareLeases`` in a cluster."""
         self.refused = 0
         """``$share`` filters refused (SUBACK 0x80) or not served here for the bounds."""
         self.denied = 0
         """Records no local member of their group may read: finished unread."""
+        self.lease_failures = 0
+        """Steps that failed (the leases' store did not answer)."""
         self._log = log_
         self._router = router
         self._deliver = deliver
         self._warned: set[str] = set()
+        self._stepping: asyncio.Task[None] | None = None
+        self._leaving: set[asyncio.Task[None]] = set()
+
+    # -- members ------------------------------------------------------------------------------
 
     def admit(self, session: Session, requests: list[tuple[str, int]]) -> set[str]:
         """Join ``session`` to the groups of the ``$share`` filters of ``requests`` the bounds
@@ -388,7 +425,9 @@ class ShareGroups:
             if bound is not None:
                 self._refuse(bound, session.client_id)
                 return None
-            group = group or self._open(shared)
+            if group is None:
+                wanted = self._router.partitions_for_filter(shared[1])
+                group = self.groups[shared] = ShareGroup(*shared, wanted, self._deliver)
         group.members[session.client_id] = qos
         session.subscriptions[topic_filter] = qos
         return group
@@ -409,16 +448,23 @@ class ShareGroups:
             self._warned.add(bound)
             log.warning("share group refused to client %r: %s reached", client_id, bound)
 
-    def _open(self, shared: tuple[str, str]) -> ShareGroup:
-        wanted = self._router.partitions_for_filter(shared[1])
-        consumer = self._log.consumer(group_id(*shared), **consumer_config())
-        topic = self._log.settings.topic
-        group = ShareGroup(consumer, topic, *shared, wanted, self._deliver)
-        self.groups[shared] = group
-        return group
+    def leave(self, shared: tuple[str, str], client_id: str) -> None:
+        """``client_id`` is no member any more; the group's last member ends this node's part
+        (its leases released, its commit points stored, in the background)."""
+        group = self.groups.get(shared)
+        if group is None or group.members.pop(client_id, None) is None:
+            return
+        if not group.members:
+            del self.groups[shared]
+            self._end(group)
+
+    def names(self) -> list[str]:
+        return [f"$share/{g}/{f}" for g, f in self.groups]
+
+    # -- leases -------------------------------------------------------------------------------
 
     async def start(self, group: ShareGroup) -> None:
-        """Until ``group`` reads: its start offsets taken and its consumer subscribed."""
+        """Until ``group`` reads: its start offsets read and its first step taken."""
         if group.ready is None:
             group.ready = asyncio.get_running_loop().create_task(self._start(group))
         await asyncio.shield(group.ready)
@@ -426,24 +472,71 @@ class ShareGroups:
     async def _start(self, group: ShareGroup) -> None:
         key = (group.group, group.filter)
         try:
-            starts = await self._log.high_watermarks(group.wanted)
+            group.start_offsets = await self._log.high_watermarks(group.wanted)
+            if self.groups.get(key) is group:  # not left by every member meanwhile
+                await self._step(group, raising=True)
         except BaseException:
             if self.groups.get(key) is group:  # a later SUBSCRIBE opens it afresh
                 del self.groups[key]
-                self._log.reader.forget(group)
+                self._end(group)
             raise
-        if self.groups.get(key) is group:  # not left by every member meanwhile
-            group.start(starts)
-            self._log.reader.join(group)
+        if self._stepping is None:
+            self._stepping = asyncio.get_running_loop().create_task(self._steps())
 
-    def leave(self, shared: tuple[str, str], client_id: str) -> None:
-        """``client_id`` is no member any more; the group's last member closes its consumer."""
-        group = self.groups.get(shared)
-        if group is None or group.members.pop(client_id, None) is None:
+    async def _steps(self) -> None:
+        """Every ``HOLD_SECONDS``, a step of every group started here; ends with the last group."""
+        try:
+            while self.groups:
+                await asyncio.sleep(HOLD_SECONDS)
+                started = [g for g in self.groups.values() if g.ready and g.ready.done()]
+                await asyncio.gather(*(self._step(g) for g in started))
+        finally:
+            self._stepping = None
+
+    async def _step(self, group: ShareGroup, raising: bool = False) -> None:
+        """One step of ``group``'s leases (:meth:`Leases.hold`); what it holds follows."""
+        due = group.offsets.due()
+        began = time.monotonic()
+        try:
+            held = await self.leases.hold(group.gid, group.wanted, due, group.start_offsets)
+        except LeaseError as exc:
+            self.lease_failures += 1
+            log.warning("share group %s: leases not held: %s", group.gid, exc)
+            if raising:
+                raise
             return
-        if not group.members:
-            del self.groups[shared]
-            self._log.reader.forget(group)
+        if self.groups.get((group.group, group.filter)) is not group:
+            return  # left during the step: _end releases what it took
+        group.offsets.committed({p: o for p, o in due.items() if p in held})
+        group.held_until = began + LEASE_SECONDS
+        reader = self._log.reader.shares
+        lost = [p for p in group.positions if p not in held]
+        reader.lose(group, lost)
+        group.offsets.forget(lost)
+        for partition, offset in held.items():
+            if partition not in group.positions:
+                reader.gain(group, partition, offset)
 
-    def names(self) -> list[str]:
-        return [f"$share/{g}/{f}" for g, f in self.groups]
+    def _end(self, group: ShareGroup) -> None:
+        self._log.reader.shares.lose(group, list(group.positions))
+        task = asyncio.get_running_loop().create_task(self._leave(group))
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
+
+    async def _leave(self, group: ShareGroup) -> None:
+        if group.ready is not None:
+            await asyncio.wait([group.ready])  # a first step still running takes leases
+        try:
+            await self.leases.leave(group.gid, group.wanted, group.offsets.due())
+        except LeaseError as exc:  # the leases expire by themselves
+            log.warning("share group %s: leases not released: %s", group.gid, exc)
+
+    async def stop(self) -> None:
+        """Until every group left (its last commit points stored, its leases released)."""
+        for key, group in list(self.groups.items()):
+            del self.groups[key]
+            self._end(group)
+        if self._stepping is not None:
+            self._stepping.cancel()
+        if self._leaving:
+            await asyncio.wait(list(self._leaving))

@@ -252,10 +252,10 @@ async def test_killed_node_restarts_and_serves(
 
 
 async def wait_for_share_balance(nodes: list[Node], group: str, topic_filter: str) -> None:
-    """Until Kafka has spread the log's partitions over every node's group consumer."""
+    """Until the group's leases have spread the log's partitions over every node."""
     for _ in range(200):
         groups = [n.dispatcher.share_group(group, topic_filter) for n in nodes]
-        assigned = [g.assigned if g else set() for g in groups]
+        assigned = [set(g.positions) if g else set() for g in groups]
         if (
             all(assigned)
             and set().union(*assigned) == set(range(PARTITIONS))
@@ -267,9 +267,9 @@ async def wait_for_share_balance(nodes: list[Node], group: str, topic_filter: st
 
 
 async def test_shared_subscription_delivers_each_message_once_across_nodes(
-    start_node: NodeFactory,
+    start_node: NodeFactory, redis_url: str, redis_prefix: str
 ) -> None:
-    nodes = [await start_node() for _ in range(3)]
+    nodes = [await start_node(redis_url=redis_url, redis_prefix=redis_prefix) for _ in range(3)]
     members = []
     for i, node in enumerate(nodes):
         for k in range(2 if i == 0 else 1):
@@ -304,8 +304,10 @@ async def test_shared_subscription_delivers_each_message_once_across_nodes(
         await c.close()
 
 
-async def test_shared_member_leaving_loses_nothing(start_node: NodeFactory) -> None:
-    nodes = [await start_node() for _ in range(2)]
+async def test_shared_member_leaving_loses_nothing(
+    start_node: NodeFactory, redis_url: str, redis_prefix: str
+) -> None:
+    nodes = [await start_node(redis_url=redis_url, redis_prefix=redis_prefix) for _ in range(2)]
     stay = await RawClient.connected(nodes[0].config.port, "stay")
     await stay.subscribe(("$share/g2/work/+/x", 1))
     go = await RawClient.connected(nodes[1].config.port, "go")

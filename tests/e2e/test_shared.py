@@ -8,6 +8,7 @@ Threads are read from ``/proc/self/status``: the nodes run in the test's process
 from __future__ import annotations
 
 import itertools
+import signal
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -15,7 +16,15 @@ from pathlib import Path
 from frontend.node import Node
 from mqttcore.packets import SUBACK_FAILURE, Puback, Publish, Suback, Subscribe
 from router.partitioner import Router
-from tests.e2e.conftest import PARTITIONS, NodeFactory, eventually, http_get
+from router.shared import DEFAULT_MAX_SHARE_GROUPS
+from tests.conftest import free_port
+from tests.e2e.conftest import (
+    PARTITIONS,
+    NodeFactory,
+    eventually,
+    http_get,
+    launch_node_process,
+)
 from tests.e2e.rawmqtt import RawClient
 from tests.e2e.test_access import login, password_file
 
@@ -44,9 +53,9 @@ async def publish_qos1(client: RawClient, topics: list[str], first_id: int = 1) 
         assert await client.recv() == Puback(first_id + i)
 
 
-async def drain(client: RawClient, quiet: float = 1.5) -> list[Publish]:
+async def drain(client: RawClient, quiet: float = 1.5, ack: bool = True) -> list[Publish]:
     """Everything ``client`` is sent until it has been sent nothing for ``quiet`` seconds,
-    each QoS 1 message acknowledged."""
+    each QoS 1 message acknowledged (unless ``ack`` is false)."""
     got: list[Publish] = []
     while True:
         try:
@@ -54,19 +63,19 @@ async def drain(client: RawClient, quiet: float = 1.5) -> list[Publish]:
         except TimeoutError:
             return got
         assert isinstance(packet, Publish), packet
-        if packet.qos:
+        if packet.qos and ack:
             await client.send(Puback(packet.packet_id or 0))
         got.append(packet)
 
 
 async def reading(node: Node, *shares: tuple[str, str]) -> None:
-    """Until every one of ``shares`` (group, filter) has partitions assigned on ``node``."""
+    """Until every one of ``shares`` (group, filter) holds partitions on ``node``."""
 
-    def assigned() -> bool:
+    def holding() -> bool:
         groups = [node.dispatcher.share_group(*share) for share in shares]
-        return all(g is not None and g.assigned for g in groups)
+        return all(g is not None and g.positions for g in groups)
 
-    await eventually(assigned, what=f"share groups {shares} assigned partitions", timeout=30)
+    await eventually(holding, what=f"share groups {shares} holding partitions", timeout=30)
 
 
 async def test_share_names_differing_by_a_dot_are_two_groups(node: Node) -> None:
@@ -102,12 +111,13 @@ async def test_share_groups_per_node_are_bounded_threads_stay_flat(
     start_node: NodeFactory,
 ) -> None:
     """One client asks for 300 distinct share groups; the node takes ``--max-share-groups`` of
-    them, refuses the rest with 0x80 (counted in /metrics), and its thread count grows by no
-    more than the bound's consumers."""
-    bound = 10
-    node = await start_node(
-        stats_host="127.0.0.1", max_share_groups=bound, max_share_groups_per_client=1000
-    )
+    them (the default), refuses the rest with 0x80 (counted in /metrics), and runs not one
+    thread more for them: every group is read by the node's one share consumer."""
+    bound = DEFAULT_MAX_SHARE_GROUPS
+    node = await start_node(stats_host="127.0.0.1", max_share_groups_per_client=1000)
+    first = await RawClient.connected(node.config.port, "first")  # the executor's threads
+    assert (await first.subscribe(("$share/g0/greedy/0", 1))).return_codes == (1,)
+    await reading(node, ("g0", "greedy/0"))
     client = await RawClient.connected(node.config.port, "greedy")
     before = threads()
     filters = tuple((f"$share/g{i}/greedy/{i}", 1) for i in range(300))
@@ -116,18 +126,15 @@ async def test_share_groups_per_node_are_bounded_threads_stay_flat(
     assert isinstance(suback, Suback)
     assert suback.return_codes == (1,) * bound + (SUBACK_FAILURE,) * (300 - bound)
     await reading(node, *((f"g{i}", f"greedy/{i}") for i in range(bound)))
-    grown = threads() - before
-    # a librdkafka consumer runs about 4 threads with one broker; the executor that closes
-    # consumers holds a few more
-    assert grown <= bound * 6 + 8, grown
+    assert threads() == before
     _, metrics = await http_get(node.config.stats_port, "/metrics")
     assert f"headwater_share_groups_refused_total {300 - bound}.0" in metrics
     assert f"headwater_share_groups {bound}.0" in metrics
     other = await RawClient.connected(node.config.port, "joiner")  # a group the node has: room
     suback = await other.subscribe(("$share/g0/greedy/0", 0), ("$share/new/greedy/x", 0))
     assert suback.return_codes == (0, SUBACK_FAILURE)
-    await client.close()
-    await other.close()
+    for c in (first, client, other):
+        await c.close()
 
 
 async def test_share_groups_per_client_are_bounded(start_node: NodeFactory) -> None:
@@ -190,3 +197,56 @@ async def test_a_member_that_may_not_read_leaves_the_message_to_another(
     await eventually(lambda: node.dispatcher.shares.denied == 1, what="the secret denied")
     for client in (members["bob"], pub):
         await client.close()
+
+
+async def test_a_killed_nodes_partitions_go_to_another_with_what_it_left_unacknowledged(
+    kafka_bootstrap: str, log_topic: str, redis_url: str, redis_prefix: str
+) -> None:
+    """Two node processes share a group; the one whose member acknowledges nothing is
+    SIGKILLed; the other takes its partitions once their leases expire and delivers what the
+    dead node handed out unacknowledged: the surviving member ends with every message."""
+    store = ("--redis-url", redis_url, "--redis-prefix", redis_prefix)
+    ports = [free_port(), free_port()]
+    doomed, survivor = [
+        await launch_node_process(f"share-{i}", port, kafka_bootstrap, log_topic, *store)
+        for i, port in enumerate(ports)
+    ]
+    try:
+        silent = await RawClient.connected(ports[0], "silent")  # takes, never acknowledges
+        assert (await silent.subscribe(("$share/k/w/+/x", 1))).return_codes == (1,)
+        member = await RawClient.connected(ports[1], "member")
+        assert (await member.subscribe(("$share/k/w/+/x", 1))).return_codes == (1,)
+        pub = await RawClient.connected(ports[1], "k-pub")
+        got: set[bytes] = set()
+        silent_got: set[bytes] = set()
+
+        async def both_hold(n: list[int] = [0]) -> bool:  # noqa: B006  # a probe each look
+            n[0] += 1
+            await publish_qos1(pub, [f"w/probe{n[0] % 16}/x"], first_id=n[0])
+            silent_got.update(p.payload for p in await drain(silent, quiet=0.1, ack=False))
+            got.update(p.payload for p in await drain(member, quiet=0.1))
+            return bool(silent_got) and bool(got)
+
+        await eventually(both_hold, what="each node holding some of the group's partitions")
+        total = 40
+        for i in range(total):
+            await pub.send(Publish(f"w/{i}/x", b"m%d" % i, qos=1, packet_id=1000 + i))
+        for i in range(total):
+            assert await pub.recv() == Puback(1000 + i)
+        silent_got = {p.payload for p in await drain(silent, quiet=1.0, ack=False)}
+        assert silent_got, "the doomed node's member was given none of the 40"
+        doomed.send_signal(signal.SIGKILL)
+        await doomed.wait()
+
+        async def all_delivered() -> bool:
+            got.update(p.payload for p in await drain(member, quiet=0.2))
+            return {b"m%d" % i for i in range(total)} <= got
+
+        await eventually(all_delivered, what="every message at the survivor", timeout=40)
+        await pub.close()
+        await member.close()
+    finally:
+        for proc in (doomed, survivor):
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

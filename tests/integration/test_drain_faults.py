@@ -99,7 +99,7 @@ def new_topic(bootstrap: str, name: str) -> str:
                 raise
 
 
-async def test_a_drain_ends_while_kafka_stalls_under_a_share_groups_last_commit(
+async def test_a_drain_ends_while_kafka_stalls_under_a_share_group(
     own: Stallable, tmp_path: Path
 ) -> None:
     topic = await asyncio.to_thread(new_topic, own.bootstrap, "share")
@@ -130,7 +130,7 @@ async def test_a_drain_ends_while_kafka_stalls_under_a_share_groups_last_commit(
 
         await eventually(one_delivered, what="the share group delivering", timeout=30)
         await eventually(one_delivered, what="one more delivery", timeout=5)
-        with own.stalled(kafka=True):  # before the group's next commit (every 0.5 s)
+        with own.stalled(kafka=True):  # its consumers' close waits on the stalled broker
             started = time.monotonic()
             node.send_signal(signal.SIGTERM)
             try:  # past --drain-timeout: a process that outlives its bound shows its log

@@ -22,6 +22,7 @@ from headwater.services.kafka_admin import ensure_topic
 from headwater.services.process import ChildProcess
 from headwater.services.redis_server import LocalRedis, require_redis_server
 from mqttcore.packets import Connack, Connect, Pingreq, Pingresp, Puback, Publish
+from router.shared import LEASE_SECONDS
 from tests.e2e.conftest import eventually, http_get
 from tests.e2e.rawmqtt import RawClient
 
@@ -214,3 +215,51 @@ async def test_ready_turns_off_while_redis_is_unreachable_and_live_stays_on(
 
 async def _is(answer: Awaitable[int], expected: int) -> bool:
     return await answer == expected
+
+
+@pytest.mark.fault
+async def test_a_share_group_rides_out_a_redis_outage_longer_than_its_leases(
+    tmp_path: Path, kafka_bootstrap: str, topic_name: str
+) -> None:
+    """Redis stopped for longer than a lease (``router.shared.LEASE_SECONDS``): the group's
+    steps fail (counted), the node stops serving the group once its leases may have passed to
+    another node, and takes them again when Redis is back (restarted empty: from the group's
+    start); its member gets every message published meanwhile, and the node ran throughout."""
+    own = node_on_own_redis(tmp_path, kafka_bootstrap, topic_name)
+    async with own as (node, redis):
+        port = node.config.port
+        member = await RawClient.connected(port, "sh-member")
+        assert (await member.subscribe(("$share/o/sh/#", 1))).return_codes == (1,)
+        pub = await RawClient.connected(port, "sh-pub")
+        await asyncio.to_thread(redis.stop)
+        shares = node.dispatcher.shares
+        await eventually(lambda: shares.lease_failures > 0, what="a step failing", timeout=5)
+        group = node.dispatcher.share_group("o", "sh/#")
+        assert group is not None
+
+        async def publish(first: int, last: int) -> None:
+            for i in range(first, last + 1):
+                await pub.send(Publish(f"sh/{i}", b"%d" % i, qos=1, packet_id=i))
+                assert await pub.recv(timeout=10) == Puback(i)  # needs Kafka only
+
+        await publish(1, 5)
+        await eventually(
+            lambda: group.positions == {}, what="the group not served past its leases",
+            timeout=LEASE_SECONDS + 5,
+        )  # fmt: skip
+        await publish(6, 10)
+        await restart_on_its_port(redis, tmp_path)
+        got: set[bytes] = set()
+
+        async def all_delivered() -> bool:
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    packet = await member.recv(timeout=0.2)
+                    assert isinstance(packet, Publish), packet
+                    await member.send(Puback(packet.packet_id or 0))
+                    got.add(packet.payload)
+            return got >= {b"%d" % i for i in range(1, 11)}
+
+        await eventually(all_delivered, what="every message of the outage", timeout=30)
+        await member.close()
+        await pub.close()

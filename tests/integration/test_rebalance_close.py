@@ -34,7 +34,6 @@ from confluent_kafka.admin import AdminClient
 import router.relays
 from headwater.services.kafka_admin import ensure_topic
 from router.relays import Relay, RelaySettings
-from router.shared import ShareGroup, group_id
 from router.topics import messages_topic
 from tests.e2e.conftest import eventually
 
@@ -138,28 +137,5 @@ async def test_a_relay_that_never_polled_leaves_its_group_before_closing(
     await relay.stop()
     assert not relay.running
     assert time.monotonic() - started < 5
-    assert consumer.events, "the assignment was never served"
-    assert not [kind for kind, inside in consumer.events if inside], consumer.events
-
-
-async def test_a_share_group_that_never_served_leaves_its_group_before_closing(
-    kafka_bootstrap: str,
-) -> None:
-    topic = new_topic(kafka_bootstrap, "share")
-    gid = group_id("g", f"t/{time.monotonic_ns()}")
-    consumer = Recording({
-        "bootstrap.servers": kafka_bootstrap, "group.id": gid, "enable.auto.commit": False,
-        "auto.offset.reset": "latest", "partition.assignment.strategy": "cooperative-sticky",
-    })  # fmt: skip
-    group = ShareGroup(
-        consumer, topic, "g", "t/#", frozenset(range(PARTITIONS)), lambda group, record: None
-    )
-    group.start({})
-    await eventually(
-        assigned_by_the_group(kafka_bootstrap, gid),
-        what="the share group assigning its partitions", timeout=30,
-    )  # fmt: skip
-    assert consumer.events == []
-    await group.stop()
     assert consumer.events, "the assignment was never served"
     assert not [kind for kind, inside in consumer.events if inside], consumer.events
