@@ -33,9 +33,11 @@ protocol, which gave each group a consumer (about four threads), is replaced by 
   high watermark read when its share began (never a lazy "latest", which would skip what is
   published between the SUBACK and the first fetch).  At least once across a move or a crash:
   what was outstanding is delivered again by the next holder.
-* **A lease not renewed is not served**: a node whose last step is older than
-  ``LEASE_SECONDS`` (Redis unreachable, the process stopped) stops handing out its partitions
-  before another node can have taken them, and takes them back only through a step.
+* **A lease not renewed is not served**: a node whose last step began ``LEASE_SECONDS`` less
+  ``LEASE_MARGIN`` ago (Redis unreachable, the process stopped) stops handing out its
+  partitions before another node can have taken them, and takes them back only through a step.
+  (A process stopped for longer may hand out records it had fetched before it notices: at least
+  once, as after a crash.)
 
 Bounds.  A group costs a step every ``HOLD_SECONDS`` (one script on the group's slot) and its
 positions; so the number of groups is still bounded (:class:`ShareGroups`): at most
@@ -93,6 +95,11 @@ RETENTION_SECONDS = 7 * 24 * 3600.0
 ``offsets.retention.minutes``)."""
 SHARE_BATCH = 500
 """Records the share consumer hands over per turn of the pump."""
+STALE_CHECK = 0.1
+"""Seconds between two looks for groups whose leases may have passed."""
+LEASE_MARGIN = 1.0
+"""A node stops serving leases it could not renew this long before they expire (counted
+from before the step that renewed them, on its own clock): more than ``STALE_CHECK``."""
 
 DEFAULT_MAX_SHARE_GROUPS = 256
 """Share groups with members on one node, at most (``--max-share-groups``)."""
@@ -271,6 +278,8 @@ class ShareReader:
         self._holders: dict[int, list[ShareGroup]] = {}
         self._reading: dict[int, int] = {}
         """Assigned partitions -> the next offset the consumer hands out."""
+        self._next_check = 0.0
+        """When to look again for groups whose leases may have passed (``STALE_CHECK``)."""
 
     def start(self, consumer: Consumer) -> None:
         self.consumer = consumer
@@ -317,7 +326,9 @@ class ShareReader:
         now = time.monotonic()
         if self._backoff.until and now < self._backoff.until:
             return False
-        self._drop_stale(now)
+        if now >= self._next_check:
+            self._next_check = now + STALE_CHECK
+            self._drop_stale(now)
         try:
             raw = consumer.consume(SHARE_BATCH, 0)
         except (KafkaException, RuntimeError) as exc:
@@ -508,7 +519,7 @@ class ShareGroups:
         if self.groups.get((group.group, group.filter)) is not group:
             return  # left during the step: _end releases what it took
         group.offsets.committed({p: o for p, o in due.items() if p in held})
-        group.held_until = began + LEASE_SECONDS
+        group.held_until = began + LEASE_SECONDS - LEASE_MARGIN
         reader = self._log.reader.shares
         lost = [p for p in group.positions if p not in held]
         reader.lose(group, lost)
