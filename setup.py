@@ -30,8 +30,11 @@ COMPILED = [
     "router/history.py",  # a compiled class (Session) has only compiled subclasses (HistoryView)
     "router/log.py",
     "router/reader.py",
+    "router/catchup.py",
+    "router/backlog.py",
     "frontend/publishing.py",
     "frontend/connection.py",
+    "frontend/intake.py",
 ]
 
 

@@ -262,7 +262,8 @@ SETTINGS: dict[str, Setting] = {
                 into=LIMITS, more="counted; Mosquitto and EMQX have no bound by default"),
         Setting("max-share-groups", INTEGER, DEFAULT_MAX_SHARE_GROUPS, "$share groups with "
                 "members on this node (no thread each: a step of its leases in Redis every "
-                "second); a $share filter opening one more is refused (0x80); 0: none", 0, 10_000, more="counted"),
+                "second); a $share filter opening one more is refused (0x80); 0: none", 0, 10_000,
+                more="counted"),
         Setting("max-share-groups-per-client", INTEGER, DEFAULT_MAX_SHARE_GROUPS_PER_CLIENT,
                 "$share filters per client; a SUBSCRIBE beyond is refused (0x80); 0: none",
                 0, 10_000, more="counted"),

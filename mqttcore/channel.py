@@ -86,11 +86,15 @@ class State(enum.Enum):
 # -- actions --------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Send:
-    """Write these bytes to the client (a large PUBLISH in two chunks, ``codec.Wire``)."""
+    """Write these bytes to the client (a large PUBLISH in two chunks, ``codec.Wire``).  Made
+    per packet: its own ``__init__`` (see ``mqttcore.message.Message``), as ``Produce``'s."""
 
     data: Wire
+
+    def __init__(self, data: Wire) -> None:
+        self.data = data
 
 
 @dataclass(slots=True)
@@ -119,15 +123,20 @@ class OpenSession:
     """Who the login proved the client is: a stored session of another identity is not its."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Produce:
     """Write ``message`` to the log; call ``produced(ticket)`` once it is durable."""
 
     message: Message
     ticket: int | None
     """None for QoS 0: nothing waits for the write."""
-    packet_id: int | None = None
+    packet_id: int | None
     """For QoS 2: the packet id to record as awaiting PUBREL before PUBREC goes out."""
+
+    def __init__(self, message: Message, ticket: int | None, packet_id: int | None = None) -> None:
+        self.message = message
+        self.ticket = ticket
+        self.packet_id = packet_id
 
 
 @dataclass(slots=True)
@@ -203,11 +212,16 @@ class Unrestricted:
 UNRESTRICTED = Unrestricted()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _PendingReply:
     packet: Packet
     message_id: bytes
-    done: bool = False
+    done: bool
+
+    def __init__(self, packet: Packet, message_id: bytes, done: bool = False) -> None:
+        self.packet = packet
+        self.message_id = message_id
+        self.done = done
 
 
 @dataclass(slots=True)

@@ -13,9 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Message:
-    """An application message as it travels through the log."""
+    """An application message as it travels through the log.
+
+    ``init=False`` and an ``__init__`` of its own, as every class made per message in the
+    compiled modules: mypyc compiles that one, where the dataclass-made one runs interpreted
+    (about 440 ns a Message against 170); the dataclass still gives ``==`` and the repr."""
 
     topic: str
     payload: bytes
@@ -25,6 +29,26 @@ class Message:
     origin_node: str
     timestamp_ms: int
     message_id: bytes
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        client_id: str,
+        origin_node: str,
+        timestamp_ms: int,
+        message_id: bytes,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.client_id = client_id
+        self.origin_node = origin_node
+        self.timestamp_ms = timestamp_ms
+        self.message_id = message_id
 
 
 class MessageStamps:

@@ -64,23 +64,46 @@ READ_ANYTHING = _ReadAnything()
 _NO_IDS: frozenset[int] = frozenset()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Outbound:
-    """One application message on its way to this session's client."""
+    """One application message on its way to this session's client (its own ``__init__``: see
+    ``mqttcore.message.Message``)."""
 
     message: Message
     qos: int
     retain: bool
     template: PublishTemplate
-    packet_id: int = 0
-    released: bool = False
-    partition: int = -1
-    offset: int = -1
+    packet_id: int
+    released: bool
+    partition: int
+    offset: int
     """Where the message is in the log (-1: not from the log's live stream)."""
-    on_done: Callable[[], None] | None = None
+    on_done: Callable[[], None] | None
     """Called once the client has acknowledged the message (shared subscriptions commit then)."""
-    redeliver: Callable[[], None] | None = None
+    redeliver: Callable[[], None] | None
     """Hands the message to another member if this client leaves without acknowledging it."""
+
+    def __init__(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        template: PublishTemplate,
+        packet_id: int = 0,
+        released: bool = False,
+        partition: int = -1,
+        offset: int = -1,
+    ) -> None:
+        self.message = message
+        self.qos = qos
+        self.retain = retain
+        self.template = template
+        self.packet_id = packet_id
+        self.released = released
+        self.partition = partition
+        self.offset = offset
+        self.on_done = None
+        self.redeliver = None
 
     def done(self) -> None:
         if self.on_done is not None:

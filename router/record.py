@@ -94,14 +94,21 @@ class RecordError(ValueError):
     """A log record that is not a Headwater message of this schema."""
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, init=False)
 class Record:
-    """A message read back from the log, with its place in it."""
+    """A message read back from the log, with its place in it; never changed once made (not
+    ``frozen``: a compiled class makes its own ``__init__``, see ``mqttcore.message.Message``)."""
 
     partition: int
     offset: int
     size: int
     message: Message
+
+    def __init__(self, partition: int, offset: int, size: int, message: Message) -> None:
+        self.partition = partition
+        self.offset = offset
+        self.size = size
+        self.message = message
 
 
 def wall_clock_stamps(origin_node: str) -> MessageStamps:
