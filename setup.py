@@ -35,6 +35,7 @@ COMPILED = [
     "frontend/publishing.py",
     "frontend/connection.py",
     "frontend/intake.py",
+    "frontend/events.py",  # a burst of client events built and handed over in one loop
 ]
 
 

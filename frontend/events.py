@@ -12,8 +12,10 @@ event's fixed text and the escaped strings (no dict, no ``json.dumps`` of a whol
 An event costs its connection a tuple appended to a list: the records are built and handed to
 the log together, ``FLUSH_SECONDS`` after the first one waiting (one timer per node, only while
 events wait), in one tight loop (handed over one by one as they happened, each cost its
-connection about 20 us of cold ``produce()`` and encoding: 10% of a CONNECT cycle).  The log's
-quiet producer then sends them in one request per partition and they never wake the log's pump.
+connection about 20 us of cold ``produce()`` and encoding: 10% of a CONNECT cycle).  This
+module runs compiled (setup.py): the loop builds each payload and message in C, and the log
+encodes a burst's records through ``router.record.Template``.  The log's quiet producer then
+sends them in one request per partition and they never wake the log's pump.
 :meth:`Events.close` hands over what waits and stops writing, before the node's log stops.  A
 node with ``--client-events no`` keeps and writes nothing.  Who calls: the session manager
 (``frontend.sessions.manager``: connected, subscribed, unsubscribed, disconnected with the
@@ -28,32 +30,34 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
 from json.encoder import encode_basestring  # the C escaper; keeps UTF-8 as it is
-from typing import Protocol
+from typing import Final, Protocol
+
+from mypy_extensions import mypyc_attr
 
 from mqttcore.message import Message, MessageStamps
 from router import record
 
-CONNECTED = "connected"
-DISCONNECTED = "disconnected"
-SUBSCRIBED = "subscribed"
-UNSUBSCRIBED = "unsubscribed"
-SESSION_EXPIRED = "session_expired"
+CONNECTED: Final = "connected"
+DISCONNECTED: Final = "disconnected"
+SUBSCRIBED: Final = "subscribed"
+UNSUBSCRIBED: Final = "unsubscribed"
+SESSION_EXPIRED: Final = "session_expired"
 EVENTS = (CONNECTED, DISCONNECTED, SUBSCRIBED, UNSUBSCRIBED, SESSION_EXPIRED)
-TOPIC_PREFIX = "$events/"
+TOPIC_PREFIX: Final = "$events/"
 
-CLIENT_DISCONNECT = "client_disconnect"
+CLIENT_DISCONNECT: Final = "client_disconnect"
 """The client sent DISCONNECT."""
-KEEP_ALIVE_TIMEOUT = "keep_alive_timeout"
+KEEP_ALIVE_TIMEOUT: Final = "keep_alive_timeout"
 """Nothing heard for 1.5 x the keep-alive [MQTT-3.1.2-24]."""
-PROTOCOL_ERROR = "protocol_error"
+PROTOCOL_ERROR: Final = "protocol_error"
 """The client broke the protocol (malformed or forbidden packet)."""
-TAKEN_OVER = "taken_over"
+TAKEN_OVER: Final = "taken_over"
 """A connection with the same client id took the session [MQTT-3.1.4-2]."""
-NODE_DRAIN = "node_drain"
+NODE_DRAIN: Final = "node_drain"
 """The node closed it as it stopped."""
-CONNECTION_LOST = "connection_lost"
+CONNECTION_LOST: Final = "connection_lost"
 """The network connection ended without DISCONNECT (or the node could not serve it on)."""
-NOT_AUTHORIZED = "not_authorized"
+NOT_AUTHORIZED: Final = "not_authorized"
 """A reload took the client's credentials away."""
 REASONS = (
     CLIENT_DISCONNECT, KEEP_ALIVE_TIMEOUT, PROTOCOL_ERROR, TAKEN_OVER, NODE_DRAIN,
@@ -80,6 +84,13 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_TOPICS: Final = {event: TOPIC_PREFIX + event for event in EVENTS}
+_REASONS: Final = {reason: f',"reason":"{reason}"' for reason in REASONS}
+"""Each event's own text for the reasons there are (built once, not per event)."""
+
+
+# compiled, yet tests.integration.events_cost's interpreted subclass times its hand-overs
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Events:
     """This node's client events; see the module's docstring."""
 
@@ -118,18 +129,21 @@ class Events:
 
     def disconnected(self, client_id: str, username: str | None, reason: str) -> None:
         if self.enabled:
-            self._write(DISCONNECTED, client_id, username, f',"reason":"{reason}"')
+            tail = _REASONS.get(reason)
+            if tail is None:
+                tail = f',"reason":{_text(reason)}'
+            self._write(DISCONNECTED, client_id, username, tail)
 
     def subscribed(
         self, client_id: str, username: str | None, granted: Iterable[tuple[str, int]]
     ) -> None:
         if self.enabled:
-            filters = ",".join(f'{{"filter":{_text(f)},"qos":{qos}}}' for f, qos in granted)
+            filters = ",".join([f'{{"filter":{_text(f)},"qos":{qos}}}' for f, qos in granted])
             self._write(SUBSCRIBED, client_id, username, f',"filters":[{filters}]')
 
     def unsubscribed(self, client_id: str, username: str | None, filters: Iterable[str]) -> None:
         if self.enabled:
-            names = ",".join(map(_text, filters))
+            names = ",".join([_text(name) for name in filters])
             self._write(UNSUBSCRIBED, client_id, username, f',"filters":[{names}]')
 
     def session_expired(self, client_id: str) -> None:
@@ -150,23 +164,19 @@ class Events:
         """Build every waiting event's record and hand it to the log; one the producer cannot
         take is counted lost."""
         pending, self._pending = self._pending, []
-        messages = [self._message(*waiting) for waiting in pending]
+        stamps, node = self._stamps, self._node
+        origin = stamps.origin_node
+        messages: list[Message] = []
+        for event, client_id, username, tail, now in pending:
+            data = (
+                f'{{"event":"{event}","client_id":{_text(client_id)},"username":'
+                f"{_text(username)}{node}{now}{tail}}}"
+            ).encode()
+            topic = _TOPICS.get(event) or TOPIC_PREFIX + event
+            messages.append(Message(topic, data, 0, False, client_id, origin, now, stamps.new_id()))
         taken = self._log.produce_quiet(messages, record.EVENT)
         self.written += taken
         self.lost += len(messages) - taken
-
-    def _message(
-        self, event: str, client_id: str, username: str | None, tail: str, now: int
-    ) -> Message:
-        data = (
-            f'{{"event":"{event}","client_id":{_text(client_id)},"username":{_text(username)}'
-            f"{self._node}{now}{tail}}}"
-        ).encode()
-        stamps = self._stamps
-        return Message(
-            TOPIC_PREFIX + event, data, 0, False, client_id, stamps.origin_node, now,
-            stamps.new_id(),
-        )  # fmt: skip
 
     def close(self) -> None:
         """Hand over what waits and write no more (the node's log stops next)."""

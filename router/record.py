@@ -165,6 +165,77 @@ def encode(message: Message) -> bytes:
     ))  # fmt: skip
 
 
+_LENGTHS = [_varint(n) for n in range(1024)]
+"""Zig-zag varints of 0..1023 (one or two bytes): the lengths of a client event's payload."""
+
+
+def _prefixed(data: bytes) -> bytes:
+    """``data`` after its length, as the datum writes a string or bytes field."""
+    return (_SMALL[len(data)] if len(data) < 64 else _varint(len(data))) + data
+
+
+class Template:
+    """What the records of one topic written with one QoS, RETAIN flag, origin node and kind
+    share, encoded once (a burst of client events: a few topics, hundreds of records each).
+
+    Invariant: for a message it :meth:`fits`, ``value(message, client)`` is ``encode(message)``
+    and ``headers(client)`` is ``headers(message, kind)``, byte for byte, ``client`` being the
+    message's client id in UTF-8 (tests/unit/test_record.py compares them); per record only the
+    message id, payload, client id and time are new: one join and one header tuple."""
+
+    __slots__ = (
+        "_after_payload", "_head", "_kind", "_last_ms", "_last_time", "_origin", "_tail", "_topic",
+        "shared",
+    )  # fmt: skip
+
+    def __init__(self, message: Message, kind: str) -> None:
+        self.shared = (message.topic, message.qos, message.retain, message.origin_node)
+        """What a message shares with these records (and ``kind``, the caller's)."""
+        self._kind = kind
+        topic = message.topic.encode()
+        self._topic = _prefixed(topic)
+        qos = message.qos
+        self._after_payload = (_SMALL[qos] if 0 <= qos < 64 else _varint(qos)) + (
+            b"\x01" if message.retain else b"\x00"
+        )
+        self._origin = _prefixed(message.origin_node.encode())
+        self._head = ((TOPIC_HEADER, topic), _QOS_HEADERS[qos], _RETAIN_HEADERS[message.retain])
+        self._tail = _KIND_HEADERS[kind]
+        self._last_ms = message.timestamp_ms
+        self._last_time = _varint(message.timestamp_ms)
+        """The last time's varint: a burst's records share a few milliseconds."""
+
+    def fits(self, message: Message, kind: str) -> bool:
+        """Whether ``message`` is one of these records: same topic, QoS, RETAIN flag, origin and
+        kind, and not the clearing of a retained message (its own kind: :func:`headers`)."""
+        topic, qos, retain, origin = self.shared
+        return (
+            message.topic == topic and message.qos == qos and message.retain == retain
+            and message.origin_node == origin and kind == self._kind
+            and not (retain and not message.payload)
+        )  # fmt: skip
+
+    def value(self, message: Message, client: bytes) -> bytes:
+        """:func:`encode`'s bytes for ``message`` (which :meth:`fits`)."""
+        payload = message.payload
+        lengths = _LENGTHS
+        ms = message.timestamp_ms
+        if ms != self._last_ms:
+            self._last_ms, self._last_time = ms, _varint(ms)
+        return b"".join((
+            HEADER, message.message_id, self._topic,
+            lengths[len(payload)] if len(payload) < 1024 else _varint(len(payload)), payload,
+            self._after_payload,
+            lengths[len(client)] if len(client) < 1024 else _varint(len(client)), client,
+            self._origin, self._last_time,
+        ))  # fmt: skip
+
+    def headers(self, client: bytes) -> list[tuple[str, bytes]]:
+        """:func:`headers`' list for a message of client id ``client`` (which :meth:`fits`)."""
+        head = self._head
+        return [head[0], head[1], head[2], (CLIENT_ID_HEADER, client), self._tail]
+
+
 def _long(data: bytes, pos: int) -> tuple[int, int]:
     """The zig-zag varint at ``pos`` and the position after it."""
     if pos < len(data) and data[pos] < 0x80:  # one byte: lengths of short strings, QoS

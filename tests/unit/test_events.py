@@ -147,3 +147,28 @@ async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> Non
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition never met"
         await asyncio.sleep(0.01)
+
+
+def test_every_event_s_record_is_the_template_s_byte_for_byte() -> None:
+    """The log hands a burst's records over through ``record.Template`` (the shared parts of a
+    topic's records encoded once): for every kind of event, the bytes and headers are
+    ``record.encode``'s and ``record.headers``', long and awkward strings included."""
+    sink, log = make()
+    long = "x" * 700 + "é✓"
+    for username in (None, "alice", long):
+        for client_id in ("dev1", 'quote" \\ é 🚀', long):
+            sink.connected(client_id, username, clean_session=True)
+            sink.connected(client_id, username, clean_session=False)
+            for reason in events.REASONS:
+                sink.disconnected(client_id, username, reason)
+            sink.subscribed(client_id, username, [("plant/#", 1), (long, 2)])
+            sink.unsubscribed(client_id, username, ["plant/#", long])
+            sink.session_expired(client_id)
+    templates: dict[str, record.Template] = {}
+    for message, kind in log.records:
+        template = templates.setdefault(message.topic, record.Template(message, kind))
+        client = message.client_id.encode()
+        assert template.fits(message, kind)
+        assert template.value(message, client) == record.encode(message)
+        assert template.headers(client) == record.headers(message, kind)
+    assert {m.topic for m, _ in log.records} == {events.TOPIC_PREFIX + e for e in events.EVENTS}

@@ -241,3 +241,47 @@ def test_overlong_varint_is_refused() -> None:
     value = record.encode(Message("t", b"", 0, False, "c", "n", 0, bytes(16)))
     with pytest.raises(RecordError):
         record.decode(value[:-1] + b"\xff" * 11 + b"\x01")
+
+
+# -- a template: the records of one topic, encoded once ------------------------------------------
+
+shared = st.tuples(texts, st.integers(0, 2), st.booleans(), texts, st.sampled_from(record.KINDS))
+each = st.tuples(
+    st.binary(max_size=1100),  # one- and two-byte lengths, and past the template's table
+    st.text(st.characters(codec="utf-8"), max_size=600),
+    st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([0, -1, 64, 1_795_710_131_042])),
+    st.binary(min_size=16, max_size=16),
+)
+
+
+@settings(deadline=None, max_examples=300)
+@given(shared, st.lists(each, min_size=1, max_size=5))
+def test_a_template_writes_encode_s_value_and_headers_byte_for_byte(
+    common: tuple[str, int, bool, str, str], records: list[tuple[bytes, str, int, bytes]]
+) -> None:
+    topic, qos, retain, origin, kind = common
+    batch = [Message(topic, p, qos, retain, c, origin, t, i) for p, c, t, i in records]
+    template = record.Template(batch[0], kind)
+    for message in batch:
+        client = message.client_id.encode()
+        if retain and not message.payload:  # clears a retained message: its own kind
+            assert not template.fits(message, kind)
+            continue
+        assert template.fits(message, kind)
+        assert template.value(message, client) == record.encode(message)
+        assert template.headers(client) == record.headers(message, kind)
+
+
+def test_a_template_fits_only_its_own_records() -> None:
+    message = Message("a/b", b"x", 1, False, "c", "node1", 5, bytes(16))
+    template = record.Template(message, record.EVENT)
+    assert template.fits(message, record.EVENT)
+    for other in (
+        Message("a/c", b"x", 1, False, "c", "node1", 5, bytes(16)),
+        Message("a/b", b"x", 0, False, "c", "node1", 5, bytes(16)),
+        Message("a/b", b"x", 1, True, "c", "node1", 5, bytes(16)),
+        Message("a/b", b"x", 1, False, "c", "node2", 5, bytes(16)),
+    ):
+        assert not template.fits(other, record.EVENT)
+    assert not template.fits(message, record.CLIENT)
+    assert template.fits(Message("a/b", b"y", 1, False, "d", "node1", 6, bytes(16)), record.EVENT)
