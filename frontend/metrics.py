@@ -66,6 +66,8 @@ COUNTERS = {
     "checkpoints_written": "Delivery checkpoints this node process wrote.",
     "messages_produced": "Messages the log acknowledged as written.",
     "produce_errors": "Messages the log failed to write.",
+    "producer_changes": "Changes between the log's producer that sends at once and the one "
+    "that lingers while the node is busy.",
     "undecodable_records": "Records in the log that could not be decoded (skipped).",
     "protocol_errors": "Connections closed for a protocol violation.",
     "connects_denied": "CONNECTs refused: bad credentials, none, a throttled address, or a will "

@@ -70,6 +70,7 @@ def snapshot(
         "checkpoints_written": sessions.saver.checkpoints_written,
         "messages_produced": klog.produced,
         "produce_errors": klog.produce_errors,
+        "producer_changes": klog.gear_changes,
         **{f"kafka_retries_{what}": n for what, n in klog.retries.counts.items()},
         "undecodable_records": reader.undecodable,
         "protocol_errors": services.protocol_errors,

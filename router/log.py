@@ -9,8 +9,19 @@ goes to librdkafka at the end of it, one ``produce()`` per record (``produce_bat
 neither headers nor timestamps; per message it cost no less, measured by
 ``tests/integration/log_produce_cost.py``).  A full producer queue makes ``produce`` return
 False; the caller stops reading from its client and is called back once it has drained.
-Records nobody waits for (client events) go by ``produce_quiet`` through a second producer
-that lingers ``QUIET_LINGER_MS``: the first one, which a PUBACK waits on, never lingers.
+Records nobody waits for (client events) go by ``produce_quiet`` through a producer of their
+own that lingers ``QUIET_LINGER_MS``.
+
+Two gears for the records a client waits on.  A record handed to librdkafka goes out at once
+(``linger.ms`` 0: the lowest latency, what a PUBACK waits on), but then each ``produce()`` wakes
+the producer's broker thread, and under a flood that thread took about 38% of the node's CPU
+(perf, QoS 1 fan-in flood; 13,000 msg/s), most of it waking to find the in-flight window full.
+So while the node writes more than ``BUSY_RATE`` records a second it writes through a second
+producer that lingers ``BATCH_LINGER_MS`` (one wake-up and one request per partition each
+linger), and back through the first once under ``QUIET_RATE`` (:class:`Pace`).  The two never
+interleave: at a change the outbox is held until every record of the producer left behind is
+acknowledged (a few milliseconds), so each partition's records reach Kafka in the order they
+were produced, as a single idempotent producer keeps them.
 
 Reads: :class:`router.reader.LogReader`, one per node, whatever the number of clients, sessions
 and share groups (its consumers are listed there).
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +69,16 @@ wake-ups a second, not 1000.  A PUBLISH wakes the pump at once; a record fetched
 spell waits at most this long to be seen."""
 
 PUMP_QUIET_AFTER = 50
+
+BUSY_RATE = 4000
+"""Records a second above which the log writes through its lingering producer..."""
+QUIET_RATE = 1500
+"""...and below which it writes through the one that sends at once again."""
+PACE_WINDOW = 0.05
+"""Seconds over which the rate is measured."""
+BATCH_LINGER_MS = 1.0
+"""How long the lingering producer gathers records: at most that much later a PUBACK, only
+while the node is busy."""
 
 QUIET_LINGER_MS = 10
 """How long the quiet producer (``KafkaLog.produce_quiet``) gathers records before it sends
@@ -138,6 +160,33 @@ OutboxRecord = tuple[
 ]
 """(partition, value, key, headers, timestamp, librdkafka's callback, whom to tell if refused):
 a plain tuple, built once per message on the hot path."""
+
+
+class Pace:
+    """Which of the two producers the next records go to (module docstring): the lingering one
+    while the rate is above ``BUSY_RATE``, the other again once it is below ``QUIET_RATE``,
+    measured over windows of ``PACE_WINDOW`` (a window that ran long, across a quiet spell,
+    counts that spell)."""
+
+    __slots__ = ("_count", "_since", "batching")
+
+    def __init__(self) -> None:
+        self.batching = False
+        self._count = 0
+        self._since = 0.0
+
+    def count(self, records: int, now: float) -> bool:
+        """``records`` handed over at ``now``; whether to write through the lingering one."""
+        self._count += records
+        elapsed = now - self._since
+        if elapsed >= PACE_WINDOW:
+            rate = self._count / elapsed
+            self._count, self._since = 0, now
+            if rate >= BUSY_RATE:
+                self.batching = True
+            elif rate < QUIET_RATE:
+                self.batching = False
+        return self.batching
 
 
 class Outbox:
@@ -232,6 +281,14 @@ class KafkaLog:
         self.reader = LogReader(settings.topic, settings.fetch_batch, self.retries)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._producer: Producer | None = None
+        """The producer records go to now: ``_immediate`` or ``_batching`` (:class:`Pace`)."""
+        self._immediate: Producer | None = None
+        self._batching: Producer | None = None
+        self._pace = Pace()
+        self.gear_changes = 0
+        """Changes from one producer to the other (``Pace``)."""
+        self._holding = False
+        """The outbox waits for the producer left behind to have every record acknowledged."""
         self._quiet: Producer | None = None
         """``produce_quiet``'s producer: the same log, lingering ``QUIET_LINGER_MS``."""
         self._running = False
@@ -278,7 +335,9 @@ class KafkaLog:
         self._loop = asyncio.get_running_loop()
         self.watermarks.admin = AdminClient(self._common())
         await self._loop.run_in_executor(None, self._check_topic)
-        self._producer = self._new_producer("", {"linger.ms": self.settings.linger_ms})
+        self._immediate = self._new_producer("", {"linger.ms": self.settings.linger_ms})
+        self._batching = self._new_producer("-batch", {"linger.ms": BATCH_LINGER_MS})
+        self._producer = self._immediate
         self._quiet = self._new_producer("-quiet", {
             "linger.ms": QUIET_LINGER_MS,
             "on_delivery": self._quiet_lost,
@@ -335,14 +394,21 @@ class KafkaLog:
         self._running = False
         if self._pump_handle is not None:
             self._pump_handle.cancel()
-        if self._producer is not None:
-            self._send_outbox()
+        if self._holding and self._producer is not None:  # the change of producer, done now
             await loop.run_in_executor(None, self._producer.flush, flush_timeout)
+            self._holding = False
+            self._producer = self._batching if self._pace.batching else self._immediate
+            self._hand_over()
+        elif self._producer is not None:
+            self._send_outbox()
+        for producer in (self._immediate, self._batching):
+            if producer is not None:
+                await loop.run_in_executor(None, producer.flush, flush_timeout)
         if self._quiet is not None:
             await loop.run_in_executor(None, self._quiet.flush, flush_timeout)
         await self.reader.stop()
         # let librdkafka's threads and sockets go now, not at a GC pass
-        self._producer = self._quiet = None
+        self._producer = self._immediate = self._batching = self._quiet = None
         self.watermarks.admin = None
 
     def _on_error(self, error: KafkaError) -> None:
@@ -440,7 +506,23 @@ class KafkaLog:
 
     def _send_outbox(self) -> None:
         """This iteration's records to librdkafka; one refused fails like an undelivered one:
-        its sender is told, never acknowledged."""
+        its sender is told, never acknowledged.  At a change of producer they wait until the
+        one left behind has every record acknowledged (the pump sends them then)."""
+        outbox = self._outbox
+        if not outbox or self._holding:
+            return
+        batching = self._pace.count(len(outbox), time.monotonic())
+        wanted = self._batching if batching else self._immediate
+        if wanted is not self._producer:
+            if self._producer is not None and len(self._producer) > 0:
+                self._holding = True
+                self._wake_pump()  # the reports that let the change happen
+                return
+            self._producer = wanted
+            self.gear_changes += 1
+        self._hand_over()
+
+    def _hand_over(self) -> None:
         for sender, partition, error in self._outbox.send(self._producer, self.settings.topic):
             self.produce_errors += 1
             if sender is None:
@@ -485,10 +567,14 @@ class KafkaLog:
                 self._pump_handle = self._loop.call_later(wait, self._pump)
 
     def _serve_producer(self) -> bool:
-        assert self._producer is not None
-        if len(self._producer) == 0 and not self._blocked:
-            return False
-        self._producer.poll(0)  # runs the delivery callbacks, which fill self._reports
+        for producer in (self._immediate, self._batching):
+            if producer is not None and len(producer) > 0:
+                producer.poll(0)  # runs the delivery callbacks, which fill self._reports
+        if self._holding and self._producer is not None and len(self._producer) == 0:
+            self._holding = False  # every record of the one left behind acknowledged
+            self._producer = self._batching if self._pace.batching else self._immediate
+            self.gear_changes += 1
+            self._hand_over()
         if not self._reports and not self._blocked:
             return False
         reports, self._reports = self._reports, []
