@@ -165,18 +165,23 @@ a plain tuple, built once per message on the hot path."""
 class Pace:
     """Which of the two producers the next records go to (module docstring): the lingering one
     while the rate is above ``BUSY_RATE``, the other again once it is below ``QUIET_RATE``,
-    measured over windows of ``PACE_WINDOW`` (a window that ran long, across a quiet spell,
-    counts that spell)."""
+    measured over windows of ``PACE_WINDOW``; a window without a record is quiet, whatever came
+    before it."""
 
-    __slots__ = ("_count", "_since", "batching")
+    __slots__ = ("_count", "_last", "_since", "batching")
 
     def __init__(self) -> None:
         self.batching = False
         self._count = 0
         self._since = 0.0
+        self._last = 0.0
 
     def count(self, records: int, now: float) -> bool:
         """``records`` handed over at ``now``; whether to write through the lingering one."""
+        if now - self._last >= PACE_WINDOW:  # a whole window without a record: quiet
+            self.batching = False
+            self._count, self._since = 0, now
+        self._last = now
         self._count += records
         elapsed = now - self._since
         if elapsed >= PACE_WINDOW:
@@ -572,8 +577,10 @@ class KafkaLog:
                 producer.poll(0)  # runs the delivery callbacks, which fill self._reports
         if self._holding and self._producer is not None and len(self._producer) == 0:
             self._holding = False  # every record of the one left behind acknowledged
-            self._producer = self._batching if self._pace.batching else self._immediate
-            self.gear_changes += 1
+            wanted = self._batching if self._pace.batching else self._immediate
+            if wanted is not self._producer:  # (the rate may have come back meanwhile)
+                self._producer = wanted
+                self.gear_changes += 1
             self._hand_over()
         if not self._reports and not self._blocked:
             return False

@@ -33,3 +33,10 @@ def test_the_first_record_after_a_quiet_spell_goes_at_once() -> None:
     batching, now = feed(pace, BUSY_RATE * 4, 0.5, 0.0)
     assert batching
     assert not pace.count(50, now + 3.0)  # 50 records after 3 s of none: a quiet window
+
+
+def test_a_busy_spells_last_records_do_not_outlive_the_quiet_after_it() -> None:
+    pace = Pace()
+    batching, now = feed(pace, BUSY_RATE * 4, 3.5 * PACE_WINDOW, 0.0)  # ends mid-window
+    assert batching
+    assert not pace.count(1, now + 4 * PACE_WINDOW)
