@@ -135,8 +135,13 @@ def _varint(n: int) -> bytes:
 _BYTE = [bytes([i]) for i in range(256)]
 
 
-_SMALL = [bytes([n << 1]) for n in range(64)]
-"""Zig-zag varints of 0..63: one byte each (lengths of short strings, QoS)."""
+_LENGTHS = [_varint(n) for n in range(1024)]
+"""Zig-zag varints of 0..1023, one or two bytes each: string lengths, the QoS."""
+
+
+def _small(n: int) -> bytes:
+    """``_varint(n)``, from the table for 0..1023."""
+    return _LENGTHS[n] if 0 <= n < 1024 else _varint(n)
 
 
 @functools.lru_cache(maxsize=64)
@@ -151,27 +156,22 @@ def encode(message: Message) -> bytes:
     client = message.client_id.encode()
     origin = message.origin_node.encode()
     payload = message.payload
-    small = _SMALL
     return b"".join((
         HEADER,
         message.message_id,
-        small[len(topic)] if len(topic) < 64 else _varint(len(topic)), topic,
-        small[len(payload)] if len(payload) < 64 else _varint(len(payload)), payload,
-        small[message.qos] if 0 <= message.qos < 64 else _varint(message.qos),
+        _small(len(topic)), topic,
+        _small(len(payload)), payload,
+        _small(message.qos),
         b"\x01" if message.retain else b"\x00",
-        small[len(client)] if len(client) < 64 else _varint(len(client)), client,
-        small[len(origin)] if len(origin) < 64 else _varint(len(origin)), origin,
+        _small(len(client)), client,
+        _small(len(origin)), origin,
         _timestamp(message.timestamp_ms),
     ))  # fmt: skip
 
 
-_LENGTHS = [_varint(n) for n in range(1024)]
-"""Zig-zag varints of 0..1023 (one or two bytes): the lengths of a client event's payload."""
-
-
 def _prefixed(data: bytes) -> bytes:
     """``data`` after its length, as the datum writes a string or bytes field."""
-    return (_SMALL[len(data)] if len(data) < 64 else _varint(len(data))) + data
+    return _small(len(data)) + data
 
 
 class Template:
@@ -195,9 +195,7 @@ class Template:
         topic = message.topic.encode()
         self._topic = _prefixed(topic)
         qos = message.qos
-        self._after_payload = (_SMALL[qos] if 0 <= qos < 64 else _varint(qos)) + (
-            b"\x01" if message.retain else b"\x00"
-        )
+        self._after_payload = _small(qos) + (b"\x01" if message.retain else b"\x00")
         self._origin = _prefixed(message.origin_node.encode())
         self._head = ((TOPIC_HEADER, topic), _QOS_HEADERS[qos], _RETAIN_HEADERS[message.retain])
         self._tail = _KIND_HEADERS[kind]
@@ -218,16 +216,12 @@ class Template:
     def value(self, message: Message, client: bytes) -> bytes:
         """:func:`encode`'s bytes for ``message`` (which :meth:`fits`)."""
         payload = message.payload
-        lengths = _LENGTHS
         ms = message.timestamp_ms
         if ms != self._last_ms:
             self._last_ms, self._last_time = ms, _varint(ms)
         return b"".join((
-            HEADER, message.message_id, self._topic,
-            lengths[len(payload)] if len(payload) < 1024 else _varint(len(payload)), payload,
-            self._after_payload,
-            lengths[len(client)] if len(client) < 1024 else _varint(len(client)), client,
-            self._origin, self._last_time,
+            HEADER, message.message_id, self._topic, _small(len(payload)), payload,
+            self._after_payload, _small(len(client)), client, self._origin, self._last_time,
         ))  # fmt: skip
 
     def headers(self, client: bytes) -> list[tuple[str, bytes]]:

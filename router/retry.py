@@ -22,14 +22,13 @@ answer is an outage an operator sees (``/ready`` says "Kafka is not writable"), 
 An error that is not transient (an unknown topic at start, an authorization failure) is raised at
 once, never retried.
 
-**What never waits on a broker: a consumer's last commit and its close** (:func:`close_aside`).
-librdkafka's synchronous commit has no timeout: a broker that stops answering (a stalled JVM, a
-network partition: SIGSTOP shows it) held the event loop that made it for good, and so the
-node's drain (a share group's last commit: a SIGTERMed node stood still until killed,
-``tests/integration/test_drain_faults.py``); a close can wait on the group coordinator too.
-Both run in a daemon thread of their own, never on the loop nor in its executor (whose shutdown
-``asyncio.run`` waits for without a bound): whoever awaits them bounds the wait, and the
-process exits whether or not they returned.  A relay's thread (``router.relays``), which closes
+**What never waits on a broker: a consumer's close** (:func:`close_aside`).  A close can wait
+on a broker that stops answering (a stalled JVM, a network partition: SIGSTOP shows it), as
+librdkafka's synchronous commit of the former share-group consumers did, which held a draining
+node's event loop for good (``tests/integration/test_drain_faults.py``).  It runs in a daemon
+thread of its own, never on the loop nor in its executor (whose shutdown
+``asyncio.run`` waits for without a bound): whoever awaits it bounds the wait, and the
+process exits whether or not it returned.  A relay's thread (``router.relays``), which closes
 its own consumer, tells the loop it ended the same way (:func:`settle_from_thread`).
 
 **What never runs inside a consumer's close: a rebalance callback** (:func:`leave_group`).  A
@@ -159,18 +158,14 @@ async def retried(
             await asyncio.sleep(backoff.failed(now))
 
 
-def close_aside(
-    consumer: Consumer, first: Callable[[], None] | None = None
-) -> asyncio.Future[None]:
-    """Run ``first`` (a last commit), then close ``consumer``, in a daemon thread of their own;
-    done once it is closed (module docstring: never on the loop nor in its executor)."""
+def close_aside(consumer: Consumer) -> asyncio.Future[None]:
+    """Close ``consumer`` in a daemon thread of its own; done once it is closed (module
+    docstring: never on the loop nor in its executor)."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
 
     def close() -> None:
         try:
-            if first is not None:
-                first()
             consumer.close()
         except (KafkaException, RuntimeError) as exc:
             log.warning("closing a consumer failed: %s", exc)
