@@ -318,8 +318,10 @@ class SessionManager:
         not refused.  A CONNECT waiting for another node to let go holds no turn."""
         if self._opening.locked():
             self.opening_waited += 1
-        async with asyncio.timeout(OPENING_WAIT):  # TimeoutError is an OSError: a store error
-            await self._opening.acquire()
+            async with asyncio.timeout(OPENING_WAIT):  # TimeoutError is an OSError: a store error
+                await self._opening.acquire()
+        else:
+            await self._opening.acquire()  # a turn is free: taken at once, nothing to time
         try:
             return await ask()
         finally:

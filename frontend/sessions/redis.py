@@ -77,7 +77,6 @@ the will again.
 from __future__ import annotations
 
 import base64
-import functools
 import json
 from collections.abc import Sequence
 from typing import Any, cast
@@ -87,6 +86,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from frontend.redis_clients import pipeline
 from frontend.sessions.store import DEFAULT_EXPIRY, Acquired, Busy, Lease, NotOwner
 from mqttcore.session import StoredOutbound, StoredSession
 from router.batching import Batch
@@ -316,6 +316,8 @@ def _decode_session(fields: dict[str, str], rel: list[str]) -> StoredSession | N
 
 Call = tuple[list[str], Sequence[str | int | bytes]]
 """One script run: its keys and arguments."""
+Command = tuple[Any, ...]
+"""One command's arguments, as ``execute_command`` takes them."""
 
 
 class RedisSessionStore:
@@ -332,27 +334,27 @@ class RedisSessionStore:
         self._checkpoint_ms = (
             self._expiry_ms + self._grace_ms + round(CHECKPOINT_MARGIN * 1000) if expiry else 0
         )
-        self._acquire = client.register_script(_ACQUIRE)
-        self._save = client.register_script(_SAVE)
-        self._release = client.register_script(_RELEASE)
-        self._keep_will = client.register_script(_KEEP_WILL)
-        self._mark = client.register_script(_MARK)
-        self._unmark = client.register_script(_UNMARK)
-        self._orphan = client.register_script(_ORPHAN)
-        self._reap = client.register_script(_REAP)
-        self._own = client.register_script(_OWN)
-        self._disown = client.register_script(_DISOWN)
-        self._checkpoint = client.register_script(_CHECKPOINT)
-        # What a CONNECT and a DISCONNECT ask, coalesced per loop iteration (a storm's cost).
-        self._listing: Batch[tuple[str, str], Any] = Batch(self._list_many)
-        self._acquiring: Batch[Call, Any] = Batch(functools.partial(self._run_each, self._acquire))
-        self._owning: Batch[Call, Any] = Batch(functools.partial(self._run_each, self._own))
-        self._releasing: Batch[Call, Any] = Batch(functools.partial(self._run_each, self._release))
-        self._disowning: Batch[Call, Any] = Batch(functools.partial(self._run_each, self._disown))
-        self._keeping_wills: Batch[Call, Any] = Batch(
-            functools.partial(self._run_each, self._keep_will)
-        )
-        self._saving: Batch[Call, Any] = Batch(functools.partial(self._run_each, self._save))
+        self._sources: dict[str, str] = {}
+        """Each script's source by its SHA1: loaded again into a server that lost it."""
+        self._acquire = self._script(_ACQUIRE)
+        self._save = self._script(_SAVE)
+        self._release = self._script(_RELEASE)
+        self._keep_will = self._script(_KEEP_WILL)
+        self._mark = self._script(_MARK)
+        self._unmark = self._script(_UNMARK)
+        self._orphan = self._script(_ORPHAN)
+        self._reap = self._script(_REAP)
+        self._own = self._script(_OWN)
+        self._disown = self._script(_DISOWN)
+        self._checkpoint = self._script(_CHECKPOINT)
+        self._turn: Batch[Command, Any] = Batch(self._send)
+        """What the CONNECTs and DISCONNECTs of one loop turn ask (list, acquire, own, keep the
+        will, save, release, disown): one round trip for them all, whatever they ask."""
+
+    def _script(self, source: str) -> AsyncScript:
+        script = self.redis.register_script(source)
+        self._sources[script.sha] = source
+        return script
 
     # -- key names ----------------------------------------------------------------------------
 
@@ -451,11 +453,11 @@ class RedisSessionStore:
     ) -> Acquired | Busy | NotOwner:
         keys = self._keys(client_id)
         owned = self._node_key(node_id, "owned")
-        await self._listing((owned, client_id))  # findable before it is ours
+        await self._turn(("HSET", owned, client_id, "0"))  # findable before it is ours
         dead_owners_token = ""
         while True:
             args: list[str | int] = [node_id, int(clean), int(force), dead_owners_token, identity]
-            answer = await self._acquiring((keys, args))
+            answer = await self._turn(_evalsha(self._acquire, keys, args))
             if _text(answer[0]) == "ok":
                 break
             if _text(answer[0]) == "refused":
@@ -465,7 +467,7 @@ class RedisSessionStore:
                 return Busy(owner)
             dead_owners_token = _text(answer[2])  # take it only if it is still that owner's
         token = _text(answer[1])
-        await self._owning(([owned], [client_id, token]))
+        await self._turn(_evalsha(self._own, [owned], [client_id, token]))
         if answer[5]:
             self.expired += 1
         flat = [_text(x) for x in answer[2]]  # read after the will was taken out: all text
@@ -474,7 +476,9 @@ class RedisSessionStore:
         return Acquired(Lease(client_id, node_id, int(token)), state, answer[4] or None)
 
     async def keep_will(self, lease: Lease, will: bytes) -> None:
-        await self._keeping_wills((self._keys(lease.client_id), [lease.token, will]))
+        await self._turn(
+            _evalsha(self._keep_will, self._keys(lease.client_id), [lease.token, will])
+        )
 
     async def holds(self, lease: Lease) -> bool:
         token = await self.redis.hget(self._keys(lease.client_id)[0], "token")
@@ -482,7 +486,9 @@ class RedisSessionStore:
 
     async def save(self, lease: Lease, state: StoredSession) -> bool:
         keys = self._keys(lease.client_id)
-        return bool(await self._saving((keys, [lease.token, *_session_args(state)])))
+        return bool(
+            await self._turn(_evalsha(self._save, keys, [lease.token, *_session_args(state)]))
+        )
 
     async def save_many(self, saves: Sequence[tuple[Lease, StoredSession]]) -> list[bool]:
         calls = [
@@ -496,9 +502,9 @@ class RedisSessionStore:
         args: list[str | int] = [lease.token, self._expiry_ms, self._grace_ms, int(keep)]
         if state is not None:
             args += _session_args(state)
-        await self._releasing((self._keys(lease.client_id), args))
+        await self._turn(_evalsha(self._release, self._keys(lease.client_id), args))
         owned = self._node_key(lease.node_id, "owned")
-        await self._disowning(([owned], [lease.client_id, lease.token]))
+        await self._turn(_evalsha(self._disown, [owned], [lease.client_id, lease.token]))
 
     async def checkpoint(self, node_id: str, seq: int, positions: dict[int, int]) -> None:
         args: list[str | int] = [seq, self._checkpoint_ms]
@@ -529,37 +535,26 @@ class RedisSessionStore:
         return results
 
     async def _run_each(self, script: AsyncScript, calls: Sequence[Call]) -> list[Any]:
-        """Run ``script`` once per call, in one pipeline (one round trip per Redis server);
-        per call, its answer or its error.  The cluster pipeline sends EVALSHA without loading
-        a missing script, so one that a server lost (a restart) is loaded and the calls that
-        missed it run again."""
-        results = await self._pipelined(script, calls)
-        missed = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+        """Run ``script`` once per call, in one round trip; per call, its answer or its error."""
+        return await self._send([_evalsha(script, keys, args) for keys, args in calls])
+
+    async def _send(self, commands: Sequence[Command]) -> list[Any]:
+        """``commands`` in one round trip (one per Redis server); per command, its answer or its
+        error.  EVALSHA does not load a missing script, so one that a server lost (a restart)
+        is loaded and the commands that missed it sent again."""
+        answers = await pipeline(self.redis, commands)
+        missed = [i for i, answer in enumerate(answers) if isinstance(answer, NoScriptError)]
         if missed:
-            await self.redis.script_load(script.script)
-            again = await self._pipelined(script, [calls[i] for i in missed])
-            for i, result in zip(missed, again, strict=True):
-                results[i] = result
-        return results
+            for sha in {commands[i][1] for i in missed}:
+                await self.redis.script_load(self._sources[sha])
+            again = await pipeline(self.redis, [commands[i] for i in missed])
+            for i, answer in zip(missed, again, strict=True):
+                answers[i] = answer
+        return answers
 
-    async def _list_many(self, calls: list[tuple[str, str]]) -> list[Any]:
-        """List sessions under their nodes (``P{node}:owned``), one HSET per node."""
-        by_key: dict[str, dict[str, str]] = {}
-        for key, client_id in calls:
-            by_key.setdefault(key, {})[client_id] = "0"
-        pipe = self.redis.pipeline(transaction=False)
-        for key, fields in by_key.items():
-            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-        await pipe.execute()
-        return [True] * len(calls)
 
-    async def _pipelined(self, script: AsyncScript, calls: Sequence[Call]) -> list[Any]:
-        if not calls:
-            return []
-        pipe = self.redis.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        return list(await pipe.execute(raise_on_error=False))
+def _evalsha(script: AsyncScript, keys: list[str], args: Sequence[str | int | bytes]) -> Command:
+    return ("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 def _text(value: bytes | str) -> str:

@@ -423,3 +423,18 @@ async def test_redis_a_session_stored_before_identities_is_the_next_acquirers(
     assert claimed.state == stored(awaiting_rel=())
     await redis_store.release(claimed.lease, stored(awaiting_rel=()))
     assert await redis_store.acquire(CLIENT, "node-a", False, identity="alice") == NotOwner()
+
+
+async def test_redis_a_server_that_lost_its_scripts_loads_them_again(
+    redis_store: RedisSessionStore,
+) -> None:
+    """A Redis restarted empty has no scripts: the store's EVALSHAs find none and load them."""
+    await redis_store.redis.script_flush()
+    lease = (await acquired(redis_store, "n1")).lease
+    await redis_store.redis.script_flush()
+    await saved_with_marks(redis_store, lease, stored())
+    await redis_store.redis.script_flush()
+    await redis_store.release(lease, stored())
+    await redis_store.redis.script_flush()
+    again = await acquired(redis_store, "n2")
+    assert again.state == stored()
