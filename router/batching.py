@@ -34,12 +34,17 @@ class Batch(Generic[T, R]):
         self._scheduled = False
 
     async def __call__(self, call: T) -> R:
+        return await self.submit(call)
+
+    def submit(self, call: T) -> asyncio.Future[R]:
+        """Queue ``call`` now; its answer comes in the future returned.  Calls submitted one
+        after the other go in the same batch, in that order."""
         answer: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((call, answer))
         if self._sending is None and not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
-        return await answer
+        return answer
 
     def _flush(self) -> None:
         self._scheduled = False

@@ -76,6 +76,7 @@ the will again.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Sequence
@@ -347,6 +348,7 @@ class RedisSessionStore:
         self._own = self._script(_OWN)
         self._disown = self._script(_DISOWN)
         self._checkpoint = self._script(_CHECKPOINT)
+        self._cluster = isinstance(client, RedisCluster)
         self._turn: Batch[Command, Any] = Batch(self._send)
         """What the CONNECTs and DISCONNECTs of one loop turn ask (list, acquire, own, keep the
         will, save, release, disown): one round trip for them all, whatever they ask."""
@@ -453,11 +455,15 @@ class RedisSessionStore:
     ) -> Acquired | Busy | NotOwner:
         keys = self._keys(client_id)
         owned = self._node_key(node_id, "owned")
-        await self._turn(("HSET", owned, client_id, "0"))  # findable before it is ours
+        listed = self._turn.submit(("HSET", owned, client_id, "0"))  # findable before it is ours
+        listed.add_done_callback(_seen)  # an acquire that fails with it raises its own error
+        if self._cluster:  # its pipeline sends each node's commands apart: no order between them
+            await listed
         dead_owners_token = ""
         while True:
             args: list[str | int] = [node_id, int(clean), int(force), dead_owners_token, identity]
             answer = await self._turn(_evalsha(self._acquire, keys, args))
+            await listed  # one Redis: sent before the acquire on the same connection, so run first
             if _text(answer[0]) == "ok":
                 break
             if _text(answer[0]) == "refused":
@@ -551,6 +557,11 @@ class RedisSessionStore:
             for i, answer in zip(missed, again, strict=True):
                 answers[i] = answer
         return answers
+
+
+def _seen(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _evalsha(script: AsyncScript, keys: list[str], args: Sequence[str | int | bytes]) -> Command:

@@ -62,3 +62,12 @@ async def test_calls_made_while_a_batch_is_in_flight_wait_and_go_out_together() 
     recorder.release.set()
     assert await first == 2 and [await f for f in later] == [4, 6, 8]
     assert recorder.batches == [[1], [2, 3, 4]]
+
+
+async def test_calls_submitted_one_after_the_other_go_out_together_in_that_order() -> None:
+    recorder = Recorder()
+    batch: Batch[int, int] = Batch(recorder.send)
+    recorder.release.set()
+    first, second = batch.submit(7), batch.submit(3)  # no await between: one batch
+    assert (await second, await first) == (6, 14)
+    assert recorder.batches == [[7, 3]]
