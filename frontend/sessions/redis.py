@@ -61,17 +61,18 @@ uncounted.  Nothing is ever found by scanning keys.
 Dead nodes: a node records in ``P{node}:owned`` every session it is acquiring, before the acquire
 (so a crash leaves it findable; on one Redis in the same round trip, ahead of it on the same
 connection, on a cluster a round trip earlier), and removes it after letting go, only if the entry
-still holds that lease's token (so letting go of an old lease never hides a newer one). Entries may
-outlive their sessions; never the reverse. An acquire refused for another identity leaves its entry:
-listing wrote ``0`` over whatever was there, maybe the live owner's own entry on this node, which
-must stay findable. ``sweep_node`` takes a dead node's entries, a batch per round trip (the cost
-falls on a node's death, in proportion to its sessions): per client, a script takes the connection's
-will (for the caller to publish), parks a persistent session (expiring from now) or deletes a clean
-one, and leaves alone a session acquired after the node was found dead (tokens are times: the node
-came back). The will of a dead owner's connection goes to whichever comes first, the sweep or the
-node the client reconnects to (``acquire``); both delete it as they take it, so it is published
-once. A session taken by force hands over its will the same way; the old node, when its next save is
-refused, closes that connection without publishing the will again. """
+still holds that lease's token (so letting go of an old lease never hides a newer one).  Entries
+may outlive their sessions; never the reverse.  An acquire refused for another identity leaves its
+entry: listing wrote ``0`` over whatever was there, maybe the live owner's own entry on this node,
+which must stay findable.  ``sweep_node`` takes a dead node's entries, a batch per round trip (the
+cost falls on a node's death, in proportion to its sessions): per client, a script takes the
+connection's will (for the caller to publish), parks a persistent session (expiring from now) or
+deletes a clean one, and leaves alone a session acquired after the node was found dead (tokens are
+times: the node came back).  The will of a dead owner's connection goes to whichever comes first,
+the sweep or the node the client reconnects to (``acquire``); both delete it as they take it, so
+it is published once.  A session taken by force hands over its will the same way; the old node,
+when its next save is refused, closes that connection without publishing the will again.
+"""
 
 from __future__ import annotations
 
