@@ -31,13 +31,11 @@ consumers have fetched and the producer's delivery reports, is done by a *pump* 
 loop with non-blocking calls: at once again while there is work, every millisecond when idle.
 So every callback runs in the loop thread, and the pump takes its turn among the client sockets
 however busy they are (threads handing work to the loop were starved under uvloop: a node
-flooded by publishers stopped delivering).  The idle looks cost latency: a libuv timer of 1 ms
-fires 1 to 2 ms after it is set, about 1.1 ms of a delivery's 1.6 ms median at 1,000 msg/s (a
-pump that never slept, tried once, gave 0.5 ms).  Lending the live consumer to a thread that
-waits in ``consume()`` and wakes the loop was tried and deadlocked: confluent-kafka 2.16
-serializes the calls on one handle, and an ``incremental_unassign`` on the loop waited, holding
-the GIL, for the thread's ``consume()``, which needed the GIL to return.  A record consumed here
-is never produced again, so no message loops.
+flooded by publishers stopped delivering).  An idle look's 1 ms timer fires 1-2 ms late: 1.1 ms
+of a delivery's 1.6 ms median at 1,000 msg/s.  A thread lent the live consumer to wake the loop
+deadlocked (confluent-kafka 2.16 serializes a handle's calls: the loop's ``incremental_unassign``
+waited, GIL held, for the thread's ``consume()``).  A record consumed here is never produced
+again, so no message loops.
 """
 
 from __future__ import annotations
