@@ -533,16 +533,12 @@ class RedisSessionStore:
     # -- pipelines ----------------------------------------------------------------------------
 
     async def _run_many(self, script: AsyncScript, calls: Sequence[Call]) -> list[Any]:
-        """Run ``script`` once per call, in one pipeline; raises the first error."""
-        results = await self._run_each(script, calls)
+        """Run ``script`` once per call, in one round trip; raises the first error."""
+        results = await self._send([_evalsha(script, keys, args) for keys, args in calls])
         for result in results:
             if isinstance(result, Exception):
                 raise result
         return results
-
-    async def _run_each(self, script: AsyncScript, calls: Sequence[Call]) -> list[Any]:
-        """Run ``script`` once per call, in one round trip; per call, its answer or its error."""
-        return await self._send([_evalsha(script, keys, args) for keys, args in calls])
 
     async def _send(self, commands: Sequence[Command]) -> list[Any]:
         """``commands`` in one round trip (one per Redis server); per command, its answer or its
