@@ -26,10 +26,10 @@ once, never retried.
 on a broker that stops answering (a stalled JVM, a network partition: SIGSTOP shows it), as
 librdkafka's synchronous commit of the former share-group consumers did, which held a draining
 node's event loop for good (``tests/integration/test_drain_faults.py``).  It runs in a daemon
-thread of its own, never on the loop nor in its executor (whose shutdown
-``asyncio.run`` waits for without a bound): whoever awaits it bounds the wait, and the
-process exits whether or not it returned.  A relay's thread (``router.relays``), which closes
-its own consumer, tells the loop it ended the same way (:func:`settle_from_thread`).
+thread of its own, never on the loop nor in its executor (whose shutdown ``asyncio.run`` waits
+for without a bound): whoever awaits it bounds the wait, and the process exits whether or not it
+returned.  A relay's thread (``router.relays``), which closes its own consumer, tells the loop it
+ended the same way (:func:`settle_from_thread`).
 
 **What never runs inside a consumer's close: a rebalance callback** (:func:`leave_group`).  A
 subscribed consumer leaves its group (its rebalance events served by ``poll``) before
