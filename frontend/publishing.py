@@ -13,6 +13,7 @@ comes back from the log before its acknowledgement went out waits, so the PUBACK
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 from frontend import outages
@@ -95,11 +96,9 @@ class Publishing:
         if action.packet_id is not None and action.ticket is not None:
             self._qos2_ids[action.ticket] = action.packet_id
         if action.ticket is not None or message.retain:
-            ticket = action.ticket
-
-            def callback(partition: int, offset: int, error: str | None) -> None:
-                self._durable(ticket, message, partition, offset, error)
-
+            # a partial, not a closure: mypyc keeps a nested function in its own environment,
+            # a reference cycle per PUBLISH left to the cycle collector
+            callback = partial(self._durable, action.ticket, message)
         try:
             written = self.log.produce(message, callback)
         except outages.LOG_ERRORS as exc:

@@ -46,6 +46,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -499,18 +500,17 @@ class KafkaLog:
             log.warning("a client event was lost by Kafka: %s", err.str())
 
     def _reporter(self, on_delivery: DeliveryCallback | None) -> Any:
-        """librdkafka's delivery callback for one record: it runs inside the pump's ``poll()``,
-        which then takes ``_reports`` (looked up each time: the pump swaps the list)."""
+        """librdkafka's delivery callback for one record; a partial: a mypyc closure keeps itself
+        in its own environment, a reference cycle per record left to the cycle collector."""
         if on_delivery is None:
             return self._count_delivery
+        return partial(self._report, on_delivery)
 
-        def callback(err: KafkaError | None, msg: Any) -> None:
-            self.latency.observe(msg.latency())
-            self._reports.append(
-                (on_delivery, msg.partition(), msg.offset(), err.str() if err else None)
-            )
-
-        return callback
+    def _report(self, on_delivery: DeliveryCallback, err: KafkaError | None, msg: Any) -> None:
+        """In the pump's ``poll()``, which then takes ``_reports`` (the pump swaps the list)."""
+        self.latency.observe(msg.latency())
+        error = err.str() if err else None
+        self._reports.append((on_delivery, msg.partition(), msg.offset(), error))
 
     def _send_outbox(self) -> None:
         """This iteration's records to librdkafka; one refused fails like an undelivered one:
