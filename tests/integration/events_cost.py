@@ -8,10 +8,12 @@ a node's) and the node's ``Events``; every millisecond, ``N / 1000`` cycles' eve
 then off, three rounds, medians printed:
 
 * the loop thread's CPU per cycle (``time.thread_time``): the events' calls on the connection's
-  path, the hand-over every 0.1 s (building, encoding, ``produce()``), the pump's turns;
+  path, the hand-over every ``FLUSH_SECONDS`` (building, encoding, ``produce()``), the pump's turns;
 * the other threads' CPU per cycle (the process's less the loop's): librdkafka's, the quiet
   producer's among them;
-* the calls on the connection's path alone, and the hand-over per event.
+* the calls on the connection's path alone, and the hand-over per event;
+* the Kafka broker's CPU per cycle (``/proc``), when the tool started it (``--bootstrap``
+  names one whose process it cannot see): writing the records is part of what events cost.
 
 "Off" is the same loop with ``--client-events no``: what it costs is the loop and the pump
 without events.  The difference against a CONNECT cycle's whole CPU (``python -m bench
@@ -51,6 +53,14 @@ def process_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def broker_cpu(pid: int | None) -> float:
+    """Seconds of CPU the broker process has used (0 when it is not ours to see)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class TimedEvents(Events):
     """The node's ``Events``, timing its hand-overs."""
 
@@ -67,8 +77,11 @@ class TimedEvents(Events):
         self.handed += waiting
 
 
-async def measure(bootstrap: str, topic: str, rate: int, seconds: float, on: bool) -> list[float]:
-    """(loop thread, other threads, the connection's calls, hand-over per event) in us."""
+async def measure(
+    bootstrap: str, topic: str, rate: int, seconds: float, on: bool, broker: int | None
+) -> list[float]:
+    """(loop thread, other threads, the connection's calls, hand-over per event, the broker)
+    in us."""
     log = KafkaLog(LogSettings(bootstrap, topic, "bench"), Router(PARTITIONS))
     await log.start()
     tune_gc()  # as a node does once started
@@ -77,6 +90,7 @@ async def measure(bootstrap: str, topic: str, rate: int, seconds: float, on: boo
     per_ms = max(1, round(rate / 1000))
     cycles, calls = 0, 0.0
     began, loop_began, cpu_began = time.monotonic(), time.thread_time(), process_cpu()
+    broker_began = broker_cpu(broker)
     due = began
     while time.monotonic() - began < seconds:
         t = time.thread_time()
@@ -89,25 +103,29 @@ async def measure(bootstrap: str, topic: str, rate: int, seconds: float, on: boo
         due += 0.001
         await asyncio.sleep(max(0.0, due - time.monotonic()))
     loop_cpu, cpu = time.thread_time() - loop_began, process_cpu() - cpu_began
+    kafka = broker_cpu(broker) - broker_began
     events.close()
     await log.stop()
     per_event = events.handing / events.handed if events.handed else 0.0
     return [x * 1e6 for x in (loop_cpu / cycles, (cpu - loop_cpu) / cycles, calls / cycles,
-                              per_event)]  # fmt: skip
+                              per_event, kafka / cycles)]  # fmt: skip
 
 
-async def run(bootstrap: str, rate: int, seconds: float) -> None:
+async def run(bootstrap: str, rate: int, seconds: float, broker: int | None = None) -> None:
     topic = f"events-cost-{uuid.uuid4().hex[:8]}"
     ensure_topic(bootstrap, topic, PARTITIONS, messages_topic(PARTITIONS).config)
     runs: dict[bool, list[list[float]]] = {True: [], False: []}
     for _ in range(ROUNDS):
         for on in (True, False):
-            runs[on].append(await measure(bootstrap, topic, rate, seconds, on))
+            runs[on].append(await measure(bootstrap, topic, rate, seconds, on, broker))
     for on, figures in runs.items():
-        loop, others, calls, handing = (statistics.median(f[i] for f in figures) for i in range(4))
+        loop, others, calls, handing, kafka = (
+            statistics.median(f[i] for f in figures) for i in range(5)
+        )
+        seen = f"{kafka:5.1f} us/cycle" if broker is not None else "not seen"
         print(f"events {'on ' if on else 'off'}: loop thread {loop:5.1f} us/cycle, other threads "
               f"{others:4.1f} us/cycle; the connection's calls {calls:4.1f} us/cycle, hand-over "
-              f"{handing:4.2f} us/event")  # fmt: skip
+              f"{handing:4.2f} us/event; the Kafka broker {seen}")  # fmt: skip
 
 
 def main() -> None:
@@ -120,7 +138,8 @@ def main() -> None:
         asyncio.run(run(args.bootstrap, args.rate, args.seconds))
         return
     with tempfile.TemporaryDirectory() as scratch, LocalKafka(Path(scratch)) as kafka:
-        asyncio.run(run(kafka.bootstrap, args.rate, args.seconds))
+        broker = kafka.child.pid if kafka.child is not None else None
+        asyncio.run(run(kafka.bootstrap, args.rate, args.seconds, broker))
 
 
 if __name__ == "__main__":
