@@ -69,7 +69,7 @@ FLUSH_SECONDS = 0.5
 """How long an event waits at most to be handed to the log with the others.  Most of what
 events cost is the Kafka broker's work per request: at 1,500 CONNECT+DISCONNECT cycles a second
 (``python -m tests.integration.events_cost``), a hand-over every 0.1 s cost the broker about 29
-us a cycle more than no events and the loop 19 us; every 0.5 s, 12-24 and 8-20 us."""
+us a cycle more than no events and the loop 19 us; every 0.5 s, 11-24 and 8-20 us."""
 
 
 class EventLog(Protocol):
