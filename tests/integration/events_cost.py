@@ -34,6 +34,7 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.measure import cpu_seconds
 from frontend.events import Events
 from frontend.node import tune_gc
 from headwater.services.kafka import LocalKafka
@@ -55,10 +56,7 @@ def process_cpu() -> float:
 
 def broker_cpu(pid: int | None) -> float:
     """Seconds of CPU the broker process has used (0 when it is not ours to see)."""
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0 if pid is None else cpu_seconds(pid)
 
 
 class TimedEvents(Events):

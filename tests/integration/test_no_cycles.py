@@ -19,9 +19,9 @@ from frontend.metrics import Traffic
 from frontend.publishing import Publishing
 from headwater.services.kafka_admin import ensure_topic
 from mqttcore.channel import UNRESTRICTED, Action, Channel, Produce, Send
-from mqttcore.codec import Decoder
+from mqttcore.codec import Decoder, wire_bytes
 from mqttcore.message import MessageStamps
-from mqttcore.packets import Connect, Puback, Publish
+from mqttcore.packets import Connect, Packet, Puback, Publish
 from mqttcore.session import Session
 from router.log import KafkaLog, LogSettings
 from router.partitioner import Router
@@ -38,13 +38,17 @@ def connected_channel() -> Channel:
     return channel
 
 
-def pubacks(actions: list[Action]) -> int:
-    decoder = Decoder()
-    data = b"".join(a.data if isinstance(a.data, bytes) else b"".join(a.data) for a in actions
-                    if isinstance(a, Send))  # fmt: skip
-    sent = decoder.feed(data)
-    assert all(isinstance(p, Puback) for p in sent)
-    return len(sent)
+class Client:
+    """What the client receives: the packets of the channel's ``Send`` actions, decoded once."""
+
+    def __init__(self) -> None:
+        self.decoder = Decoder()
+        self.received: list[Packet] = []
+
+    def run(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                self.received += self.decoder.feed(wire_bytes(action.data))
 
 
 @pytest.fixture
@@ -65,10 +69,10 @@ async def test_qos1_publishes_acknowledged_through_kafka_leave_no_cycles(
     await log.start()
     try:
         channel = connected_channel()
-        acknowledged: list[Action] = []
+        client = Client()
         wiring: Any = SimpleNamespace(log=log, sessions=None, traffic=Traffic())
         owned: Any = SimpleNamespace(persistent=False, closed=False)
-        publishing = Publishing(channel, owned, acknowledged.extend, lambda held: None, wiring)
+        publishing = Publishing(channel, owned, client.run, lambda held: None, wiring)
         gc.collect()  # what start-up left
         for packet_id in range(1, MESSAGES + 1):
             publish = Publish(f"gc/{packet_id % 7}", b"x" * 64, qos=1, packet_id=packet_id)
@@ -78,8 +82,9 @@ async def test_qos1_publishes_acknowledged_through_kafka_leave_no_cycles(
             if packet_id % 100 == 0:
                 await asyncio.sleep(0)  # the loop iteration ends: the outbox goes to librdkafka
         async with asyncio.timeout(30):
-            while pubacks(acknowledged) < MESSAGES:
+            while len(client.received) < MESSAGES:
                 await asyncio.sleep(0.01)
+        assert all(isinstance(packet, Puback) for packet in client.received)
         assert log.produced == MESSAGES
         found = gc.collect()
     finally:
