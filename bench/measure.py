@@ -72,6 +72,27 @@ def cpu_seconds(pid: int, task: bool = False) -> float:
         return 0.0
 
 
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+"""A JVM's JIT compiler threads, as ``/proc/<pid>/task/<tid>/comm`` names them (cut to 15)."""
+
+
+def jit_seconds(pid: int) -> float:
+    """CPU seconds the JIT compiler threads of the JVM ``pid`` used, those alive now (the JVM
+    starts and ends them as the work comes); 0 for a process that is no JVM or is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    ticks = 0
+    for tid in tasks:
+        try:
+            if Path(f"/proc/{pid}/task/{tid}/comm").read_text().startswith(JIT_THREADS):
+                ticks += cpu_ticks(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / CLOCK_TICKS
+
+
 def waited_seconds(pid: int) -> float:
     """Seconds the main thread of ``pid`` was ready to run but waited for a CPU; 0 once gone."""
     try:

@@ -3,7 +3,10 @@ report, the one entry point, and short runs against a real mosquitto (real socke
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -12,7 +15,18 @@ import pytest
 from bench import brokers, mqtt
 from bench.__main__ import COMMANDS, build_parser
 from bench.load import Report, Role
-from bench.throughput import SCENARIOS, Result, Run, Settings, account, measure, render
+from bench.measure import jit_seconds
+from bench.throughput import (
+    SCENARIOS,
+    Result,
+    Run,
+    Settings,
+    account,
+    measure,
+    render,
+    warmed,
+)
+from headwater.services.java import require_java
 
 
 def test_the_codec_frames_what_it_encodes() -> None:
@@ -157,3 +171,34 @@ def test_an_older_revs_launcher_is_refused_a_flag_it_lacks_before_anything_start
     with ExitStack() as stack, pytest.raises(RuntimeError, match=r"12cb0403ba .* has no --export"):
         hw.start(tmp_path, stack, up_args=["--export", "a/#=mirror"])
     assert not list(tmp_path.glob("cluster-*.log"))
+
+
+def test_jit_seconds_reads_a_jvms_compiler_threads_and_nothing_else(tmp_path: Path) -> None:
+    """The warm-up waits on these threads going quiet: a JVM that names them otherwise would end
+    it after one turn, so a real JVM compiling (``-Xcomp``) must show some of their CPU."""
+    java = require_java()
+    source = tmp_path / "Spin.java"
+    source.write_text(
+        "public class Spin { public static void main(String[] a) throws Exception {"
+        " Thread.sleep(60000); } }"
+    )
+    jvm = subprocess.Popen([java, "-Xcomp", str(source)])
+    try:
+        deadline = time.monotonic() + 30
+        while jit_seconds(jvm.pid) == 0.0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert jit_seconds(jvm.pid) > 0.0
+    finally:
+        jvm.kill()
+        jvm.wait()
+    assert jit_seconds(os.getpid()) == 0.0  # no JVM: no compiler threads
+    assert jit_seconds(jvm.pid) == 0.0  # gone
+
+
+def test_the_report_says_how_long_kafka_was_warmed_and_how_quiet_its_jit_was() -> None:
+    warm = Run(Settings(), "cmd", warmed=(47.2, 0.031))
+    assert "Kafka warmed first by 47 s" in warmed(warm)
+    assert "3.1% of a core" in warmed(warm)
+    assert "still compiling" not in warmed(warm)
+    assert "still compiling at WARM_MAX" in warmed(Run(Settings(), "cmd", warmed=(181.0, 0.2)))
+    assert warmed(Run(Settings(), "cmd")) == "Kafka not warmed up"
