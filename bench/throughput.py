@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import brokers
+from bench import brokers, kafka_floor
 from bench.brokers import Broker
 from bench.load import Groups, Kind, Report, Role, Timing
 from bench.measure import (
@@ -272,6 +272,8 @@ class Run:
     rotation)."""
     labels: dict[str, str] = field(default_factory=dict)
     results: list[Result] = field(default_factory=list)
+    kafka_floor: kafka_floor.Floor | None = None
+    """Kafka alone at the latency rows' pace, on Headwater's Kafka (if a latency row ran)."""
 
 
 WARM_TRAFFIC: tuple[tuple[Kind, int], ...] = (("paced", 1), ("flood0", 0), ("flood1", 1))
@@ -316,6 +318,7 @@ def run(
     started = time.monotonic()
     with ExitStack() as stack:
         targets: list[Broker] = []
+        kafka_at = ""
         for name in sorted(names, key=lambda n: n == "headwater"):
             for w in workers if name == "headwater" else (1,):
                 broker = (
@@ -333,6 +336,7 @@ def run(
                 if name == "headwater":
                     progress(f"warming Kafka up for {s.kafka_warmup:.0f} s or more")
                     out.warmed = warm_kafka(broker, s.kafka_warmup)
+                    kafka_at = broker.state.get("kafka", "")
                     progress(f"Kafka warm after {out.warmed[0]:.0f} s")
                 targets.append(broker)
         pids = [p for b in targets for p in b.pids]
@@ -345,6 +349,9 @@ def run(
                     result = Result(key, broker.name, error=f"FAILED: {error_summary(str(exc))}")
                 out.results.append(result)
                 progress(f"{key}, {broker.label}: {summary(result)}")
+        if kafka_at and any(SCENARIOS[k].cell is latency_cell for k in keys):
+            out.kafka_floor = kafka_floor.measure(kafka_at, s.rate, s.duration)
+            progress(f"Kafka alone: {floor_text(out.kafka_floor)}")
     out.seconds = time.monotonic() - started
     return out
 
@@ -359,6 +366,24 @@ def warmed(run: Run) -> str:
         f"Kafka warmed first by {took:.0f} s of fan-in traffic (QoS 1 paced, QoS 0 and QoS 1 "
         f"floods in turn) until its JIT compilers used {100 * share:.1f}% of a core over a "
         f"whole turn{quiet}"
+    )
+
+
+def floor_text(floor: kafka_floor.Floor) -> str:
+    return (
+        f"p50 {ms(floor.p50_ms)}, p99 {ms(floor.p99_ms)} ({floor.received:,} of {floor.sent:,} "
+        "read)"
+    )
+
+
+def floor_sentence(run: Run) -> str:
+    """The Kafka-alone figure under the latency rows, if it was measured."""
+    if run.kafka_floor is None:
+        return ""
+    return (
+        f"Kafka alone at the latency rows' pace, on Headwater's Kafka right after them "
+        f"(`bench/kafka_floor.py`: a node's producer settings, a consumer blocking in its own "
+        f"thread): {floor_text(run.kafka_floor)}, the floor under Headwater's latency rows. "
     )
 
 
@@ -430,7 +455,7 @@ def render(run: Run) -> str:
         *table(head, rows),
         "",
         f"How it ran: {s.warmup:g} s warm-up then {s.duration:g} s measured per run; "
-        f"{warmed(run)}. The load generator is `bench/load.py` "
+        f"{warmed(run)}. {floor_sentence(run)}The load generator is `bench/load.py` "
         "(raw MQTT 3.1.1 on its own codec, one process per role: publishers, subscribers). "
         "us = broker CPU (utime + stime of /proc/<pid>/stat, every process of the broker) per "
         "delivered message or per CONNECT cycle over the measured window. Lost: QoS 1 PUBACKed "
