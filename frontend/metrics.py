@@ -220,6 +220,12 @@ class SnapshotCollector(Collector):
             "Partitions the live reader reads.",
             value=len(stats["assigned_partitions"]),
         )
+        yield GaugeMetricFamily(
+            "headwater_paused_partitions",
+            "Assigned partitions the live reader does not read now: every local holder is "
+            "behind, and the catch-up reads them.",
+            value=len(stats["paused_partitions"]),
+        )
 
     def _families(self, stats: dict[str, Any]) -> Iterator[Metric]:
         """The families with labels, read from the same snapshot."""

@@ -51,6 +51,7 @@ def snapshot(
         "clients": dispatcher.client_count,
         "partitions_total": router.num_partitions,
         "assigned_partitions": reader.assigned(),
+        "paused_partitions": reader.paused(),
         "positions": {str(p): pos for p, (pos, _) in positions.items()},
         "consumer_lag": {str(p): n for p, n in lag.items()},
         "records_fetched": reader.fetched_records,

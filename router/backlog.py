@@ -15,6 +15,15 @@ switch is in one step of the event loop, with no gap and no duplicate.  ``--max-
 memory, not delivery; only QoS 0 messages are dropped for a slow client (counted).  A persistent
 session that returns starts behind, at its stored positions, and goes through the same rounds.
 
+A record is read once, even so.  When a live batch finds every local holder of a partition
+behind on it (each of the index's subscriptions needing it is a behind client's), the live read
+of that partition is paused (``router.reader``), so the live edge (``dispatched``) stands
+still and the rounds end there.  A client whose round has reached the edge of a paused partition
+then either moves the edge on to the partition's head (the live read skips there, still paused:
+the next rounds read on), while the head is more records on than the client's queue holds, or
+resumes the live read, which goes on from the edge: the switch above.  A new subscription
+needing the partition resumes it (``router.subscriptions``), as it would need its live records.
+
 Records that waited for a pending subscription (``router.subscriptions``) are older than the
 live stream: if one finds the client behind, its offset goes into ``Client.rewind`` and the next
 round starts there.  A catch-up that cannot read the log (``router.catchup`` gives up after its
@@ -54,6 +63,8 @@ class Backlog:
         self._deliver = deliver
         self.clients: set[Client] = set()
         """The clients behind now."""
+        self.fell: set[int] = set()
+        """Partitions a live record found a client behind on, since the last live batch."""
         self._matched_record: Record | None = None
         self._matched: dict[str, int] = {}
         self._templates: dict[int, PublishTemplate] = {}
@@ -103,6 +114,7 @@ class Backlog:
         if not qos and not client.keeps_qos0:
             self.counters.messages_dropped += 1
             return
+        self.fell.add(rec.partition)
         behind = client.behind
         if behind is None:
             behind = client.behind = self.subscriptions.stream_positions(client.session)
@@ -114,6 +126,40 @@ class Backlog:
         elif rec.offset < at:
             rewind = client.rewind = client.rewind or {}
             rewind[rec.partition] = min(rec.offset, rewind.get(rec.partition, rec.offset))
+
+    def pause_idle(self) -> None:
+        """After a live batch: pause the live read of each partition it found a client behind
+        on whose every local holder is behind on it (module docstring)."""
+        reader, dispatched = self.log.reader, self.subscriptions.dispatched
+        for partition in self.fell:
+            edge = dispatched.get(partition)
+            if edge is None or reader.is_paused(partition):
+                continue
+            behind = 0
+            for client in self.clients:
+                at = client.behind.get(partition) if client.behind is not None else None
+                if at is not None and at < edge:
+                    behind += self.subscriptions.holds(client.session, partition)
+            if behind >= self.subscriptions.holders(partition):
+                reader.pause([partition])
+        self.fell.clear()
+
+    def _at_edge(self, client: Client, behind: dict[int, int]) -> None:
+        """For each paused partition whose edge ``client`` has reached: move the edge on to
+        the head if that is more records on than its queue holds (a live read would find it
+        full), else resume the live read."""
+        reader, dispatched = self.log.reader, self.subscriptions.dispatched
+        holds = (client.session if client.owner is None else client.owner).max_queued
+        for partition, at in behind.items():
+            edge = dispatched.get(partition)
+            if edge is None or at < edge or not reader.is_paused(partition):
+                continue
+            head = reader.head(partition)
+            if head is not None and head - edge > holds:
+                dispatched[partition] = head
+                reader.skip(partition, head)
+            else:
+                reader.resume([partition])
 
     def _catch_up(self, client: Client) -> None:
         self.clients.add(client)
@@ -140,6 +186,7 @@ class Backlog:
         while True:
             lower(behind, client.rewind or {})
             client.rewind = None
+            self._at_edge(client, behind)
             ranges = {
                 p: (at, dispatched[p]) for p, at in behind.items() if at < dispatched.get(p, at)
             }

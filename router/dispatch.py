@@ -292,6 +292,8 @@ class Dispatcher:
             self._dispatch_one(rec)
             dispatched[rec.partition] = rec.offset + 1
         self.counters.records_dispatched += len(batch)
+        if self.backlog.fell:
+            self.backlog.pause_idle()
 
     def _dispatch_one(self, rec: Record) -> None:
         targets = self.subscriptions.match(rec)

@@ -55,11 +55,10 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 from mqttcore.message import Message
 from router import record
 from router.batching import Batch
-from router.catchup import Take
 from router.partitioner import Router
-from router.reader import LogReader
+from router.reader import LogReader, Reader
 from router.retry import ATTEMPT_SECONDS, Retries, retried
-from router.shared import GroupLog, GroupReader
+from router.shared import GroupLog
 from router.topics import MAX_RECORD_BYTES
 
 log = logging.getLogger("headwater.log")
@@ -245,21 +244,6 @@ class Outbox:
             except (KafkaException, BufferError) as exc:
                 refused.append((sender, partition, str(exc)))
         return refused
-
-
-class Reader(GroupReader, Protocol):
-    """The node's one reader (:class:`router.reader.LogReader`) as the index, the backlog and
-    share groups use it."""
-
-    def assign(self, offsets: dict[int, int]) -> None: ...
-
-    def unassign(self, partitions: Iterable[int]) -> None: ...
-
-    def assigned(self) -> list[int]: ...
-
-    async def replay(
-        self, ranges: dict[int, tuple[int, int]], take: Take, room: Callable[[], bool]
-    ) -> None: ...
 
 
 class Log(GroupLog, Protocol):

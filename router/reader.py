@@ -5,7 +5,8 @@ no consumer per client, per session or per replay.  The consumers:
 
 * **live** (manual assignment, no group): every partition some local subscription needs, from
   where that subscription started onwards; each record read goes to the dispatcher once, however
-  many local subscribers it has;
+  many local subscribers it has.  A partition every local holder of which is behind is paused
+  (``router.backlog``): the catch-up reads it alone then, so each record is read once;
 * **catch-up** (manual assignment, no group): the ranges returning sessions missed, ``[stored
   position, live start)`` per partition.  All sessions catching up share it: per partition it
   reads from the lowest cursor among them, and each record goes to every session whose range
@@ -29,7 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -37,7 +38,7 @@ from router import record
 from router.catchup import CatchUp, Take
 from router.record import Record
 from router.retry import Backoff, Retries, close_aside
-from router.shared import ShareReader
+from router.shared import GroupReader, ShareReader
 
 log = logging.getLogger("headwater.log")
 
@@ -51,6 +52,31 @@ iterations short (the PUBACKs of connected subscribers are read between them), w
 CLOSE_WAIT = 5.0
 """Seconds a stopping reader waits for its consumers to close; one still at it then is left to
 its thread (a broker that does not answer holds up neither a drain nor the process's exit)."""
+
+
+class Reader(GroupReader, Protocol):
+    """The node's one reader (:class:`router.reader.LogReader`) as the index, the backlog and
+    share groups use it."""
+
+    def assign(self, offsets: dict[int, int]) -> None: ...
+
+    def unassign(self, partitions: Iterable[int]) -> None: ...
+
+    def assigned(self) -> list[int]: ...
+
+    def pause(self, partitions: Iterable[int]) -> None: ...
+
+    def resume(self, partitions: Iterable[int]) -> None: ...
+
+    def skip(self, partition: int, offset: int) -> None: ...
+
+    def is_paused(self, partition: int) -> bool: ...
+
+    def head(self, partition: int) -> int | None: ...
+
+    async def replay(
+        self, ranges: dict[int, tuple[int, int]], take: Take, room: Callable[[], bool]
+    ) -> None: ...
 
 
 class LogReader:
@@ -69,6 +95,8 @@ class LogReader:
         """Where the live records go: the node hands them to its dispatcher."""
         self._live: Consumer | None = None
         self._assigned: dict[int, bool] = {}
+        self._paused: set[int] = set()
+        """Live partitions not read now (:meth:`pause`)."""
         self.catch_up: CatchUp | None = None
         self.shares = ShareReader(topic, self._decode, self.retries)
 
@@ -116,8 +144,47 @@ class LogReader:
         gone = [TopicPartition(self.topic, p) for p in partitions if p in self._assigned]
         for tp in gone:
             self._assigned.pop(tp.partition, None)
+        self.resume([tp.partition for tp in gone])  # librdkafka's pause outlives an unassign
         if gone and self._live is not None:
             self._live.incremental_unassign(gone)
+
+    def pause(self, partitions: Iterable[int]) -> None:
+        """Read these live partitions no more for now: what librdkafka fetched ahead of the
+        records consumed is dropped, and a resume goes on from the next one."""
+        new = [p for p in partitions if p in self._assigned and p not in self._paused]
+        if new and self._live is not None:
+            self._paused.update(new)
+            self._live.pause([TopicPartition(self.topic, p) for p in new])
+
+    def resume(self, partitions: Iterable[int]) -> None:
+        """Read these paused partitions live again, from where the live read stopped (or from
+        where :meth:`skip` moved it)."""
+        back = [p for p in partitions if p in self._paused]
+        if back:
+            self._paused.difference_update(back)
+            if self._live is not None:
+                self._live.resume([TopicPartition(self.topic, p) for p in back])
+
+    def skip(self, partition: int, offset: int) -> None:
+        """Move a paused partition's live read on to ``offset``: the records before it are the
+        catch-up's to read."""
+        if partition in self._paused and self._live is not None:
+            self._live.seek(TopicPartition(self.topic, partition, offset))
+
+    def is_paused(self, partition: int) -> bool:
+        return partition in self._paused
+
+    def paused(self) -> list[int]:
+        return sorted(self._paused)
+
+    def head(self, partition: int) -> int | None:
+        """The partition's high watermark as the last fetch of either the live or the
+        catch-up consumer saw it (no request); None if neither has fetched it."""
+        tp, high = TopicPartition(self.topic, partition), -1
+        for consumer in (self._live, self.catch_up.consumer if self.catch_up else None):
+            if consumer is not None:
+                high = max(high, consumer.get_watermark_offsets(tp, cached=True)[1])
+        return high if high >= 0 else None
 
     def assigned(self) -> list[int]:
         return sorted(self._assigned)

@@ -88,6 +88,7 @@ class Subscriptions:
         assigned = set(reader.assigned())
         newly = {p: starts[p] for p in wanted if p not in assigned}
         reader.assign(newly)
+        reader.resume(wanted)  # paused while every holder was behind (router.backlog)
         self.dispatched.update(newly)  # the live stream of these begins there
         if resume_from is not None:
             starts = {p: resume_from.get(p, start) for p, start in starts.items()}
@@ -126,6 +127,23 @@ class Subscriptions:
                 self._starts.pop(key, None)
                 partitions = self.router.partitions_for_filter(topic_filter)
                 self.log.reader.unassign(self._interest.release(partitions))
+
+    def holders(self, partition: int) -> int:
+        """How many subscriptions of the index need ``partition``."""
+        return self._interest.count(partition)
+
+    def holds(self, session: Session, partition: int) -> int:
+        """How many of ``session``'s active subscriptions in the index need ``partition`` (a
+        pending one is not counted: it waits for live records)."""
+        held = 0
+        for topic_filter in session.subscriptions:
+            if topic_filter.startswith(_NOT_HERE) or (session.client_id, topic_filter) in (
+                self._pending
+            ):
+                continue
+            if partition in self.router.partitions_for_filter(topic_filter):
+                held += 1
+        return held
 
     # -- matching -----------------------------------------------------------------------------
 

@@ -75,6 +75,29 @@ async def test_a_subscriber_whose_queue_fills_reads_on_from_the_log_and_loses_no
     await publisher.close()
 
 
+async def test_what_a_subscriber_behind_missed_is_read_from_the_log_once(
+    start_node: NodeFactory,
+) -> None:
+    """Its only holder behind, the partition's live read is paused: the 3,000 records published
+    meanwhile reach the subscriber through the catch-up alone, not through the live read too."""
+    node, slow, publisher = await behind(start_node, 200)
+    await eventually(lambda: node.log.reader.paused(), what="the live read paused", timeout=20)
+    before = (await http_json(node.config.stats_port, "/stats"))["records_dispatched"]
+    await publish_acked(publisher, "fan/in", range(200, 3200))
+    stats = await http_json(node.config.stats_port, "/stats")
+    assert stats["records_dispatched"] == before and stats["paused_partitions"], stats
+    assert await take(slow, 3200) == list(range(3200))  # every one, in order, none twice
+    await eventually(lambda: not node.dispatcher.backlog.clients, what="the subscriber live again")
+    assert not node.log.reader.paused()
+    await publish_acked(publisher, "fan/in", range(3200, 3205))
+    assert await take(slow, 5) == list(range(3200, 3205))
+    stats = await http_json(node.config.stats_port, "/stats")
+    assert stats["records_dispatched"] < 1200, stats  # live: before the pause, at most a batch
+    assert stats["messages_replayed"] >= 3000 and stats["messages_dropped"] == 0, stats
+    await slow.close()
+    await publisher.close()
+
+
 @pytest.mark.fault
 async def test_a_node_killed_under_a_live_persistent_subscriber_loses_nothing_acknowledged(
     start_node: NodeFactory, kafka_bootstrap: str, log_topic: str, redis_url: str, redis_prefix: str

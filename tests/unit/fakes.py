@@ -98,7 +98,10 @@ class FakeReader:
     :class:`CatchUp` over a :class:`FakeConsumer`, served by :meth:`pump`)."""
 
     def __init__(self, partitions: dict[int, list[Message]]) -> None:
+        self.partitions = partitions
         self.live: dict[int, int] = {}
+        """Per live partition, the offset the live read takes next (``serve_live``)."""
+        self.paused: set[int] = set()
         self.catch_up = CatchUp(FakeConsumer(partitions), "t", 7, decode)
 
     def assign(self, offsets: dict[int, int]) -> None:
@@ -107,9 +110,38 @@ class FakeReader:
     def unassign(self, partitions: Any) -> None:
         for p in partitions:
             self.live.pop(p, None)
+            self.paused.discard(p)
 
     def assigned(self) -> list[int]:
         return sorted(self.live)
+
+    def pause(self, partitions: Any) -> None:
+        self.paused.update(p for p in partitions if p in self.live)
+
+    def resume(self, partitions: Any) -> None:
+        self.paused.difference_update(partitions)
+
+    def skip(self, partition: int, offset: int) -> None:
+        if partition in self.paused:
+            self.live[partition] = offset
+
+    def is_paused(self, partition: int) -> bool:
+        return partition in self.paused
+
+    def head(self, partition: int) -> int | None:
+        return len(self.partitions.get(partition, [])) if partition in self.live else None
+
+    def serve_live(self, dispatch: Callable[[list[Record]], None]) -> int:
+        """What the live consumer would hand over now: every record of each live partition not
+        paused, from where it read last; how many."""
+        batch = []
+        for p in sorted(set(self.live) - self.paused):
+            held = self.partitions.get(p, [])
+            batch += [Record(p, o, 1, held[o]) for o in range(self.live[p], len(held))]
+            self.live[p] = len(held)
+        if batch:
+            dispatch(batch)
+        return len(batch)
 
     async def replay(
         self, ranges: dict[int, tuple[int, int]], take: Take, room: Callable[[], bool]

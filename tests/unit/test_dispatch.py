@@ -368,3 +368,74 @@ async def test_a_resumed_history_stream_does_not_send_again_what_is_resent_in_fl
     await pump(log, lambda: not dispatcher.is_behind(session), lambda: None)  # nothing acked
     got = sorted((x.topic, int(x.payload)) for x in client.received())
     assert got == [(topic, 3), (topic, 4), ("d/1", 2), ("d/1", 3), ("d/1", 4)]
+
+
+# -- a partition whose every holder is behind is read once: by the catch-up alone -------------
+
+
+def publish(log: FakeLog, topic: str, count: int, qos: int = 1) -> None:
+    """``count`` more records on ``topic``'s partition, numbered on from those there."""
+    held = log.partitions.setdefault(partition_of(topic), [])
+    held += [message(topic, qos=qos, payload=b"%d" % (len(held) + i)) for i in range(count)]
+
+
+async def test_a_partition_whose_only_holder_is_behind_is_read_once_then_live_again() -> None:
+    log = FakeLog()
+    dispatcher, client = connected(log, max_inflight=2, max_queued=3)
+    session, p, reader = client.session, partition_of("d/1"), log.reader
+    _, new = await dispatcher.subscribe(session, [("d/#", 1)])
+    dispatcher.activate(session, new)
+    publish(log, "d/1", 20)
+    reader.serve_live(dispatcher.dispatch)  # 2 in flight, 3 queued: the 6th finds it full
+    assert dispatcher.is_behind(session) and reader.is_paused(p)
+    publish(log, "d/1", 3000)  # the live read stands still: nothing dispatched
+    assert reader.serve_live(dispatcher.dispatch) == 0
+
+    def ack_and_read_live() -> None:
+        client.ack_all()
+        reader.serve_live(dispatcher.dispatch)
+
+    await pump(log, lambda: not dispatcher.is_behind(session), ack_and_read_live)
+    assert not reader.is_paused(p)
+    publish(log, "d/1", 5)  # live again: straight to the client
+    reader.serve_live(dispatcher.dispatch)
+    await pump(log, session.settled, client.ack_all)
+    assert [x.payload for x in client.received()] == [b"%d" % i for i in range(3025)]
+    # each record read once: the first 20 and the last 5 live, the 3,000 between by the catch-up
+    assert dispatcher.counters.records_dispatched == 25
+    assert dispatcher.counters.messages_replayed >= 3000
+
+
+async def test_a_live_holder_keeps_the_partition_read_live() -> None:
+    log = FakeLog()
+    dispatcher, slow = connected(log, max_inflight=1, max_queued=1)
+    fast = FakeClient(Session("fast", clean=True))
+    dispatcher.attach(fast.session, fast)
+    for client, qos in ((slow, 1), (fast, 0)):
+        _, new = await dispatcher.subscribe(client.session, [("d/#", qos)])
+        dispatcher.activate(client.session, new)
+    publish(log, "d/1", 10)
+    log.reader.serve_live(dispatcher.dispatch)
+    assert dispatcher.is_behind(slow.session)
+    assert not log.reader.is_paused(partition_of("d/1"))  # the QoS 0 subscriber is live
+    publish(log, "d/1", 10)
+    assert log.reader.serve_live(dispatcher.dispatch) == 10
+    assert [x.payload for x in fast.received()] == [b"%d" % i for i in range(20)]
+
+
+async def test_a_new_subscription_resumes_a_paused_partition() -> None:
+    log = FakeLog()
+    dispatcher, slow = connected(log, max_inflight=1, max_queued=1)
+    _, new = await dispatcher.subscribe(slow.session, [("d/#", 1)])
+    dispatcher.activate(slow.session, new)
+    publish(log, "d/1", 10)
+    log.reader.serve_live(dispatcher.dispatch)
+    assert log.reader.is_paused(partition_of("d/1"))
+    late = FakeClient(Session("late", clean=True))
+    dispatcher.attach(late.session, late)
+    _, new = await dispatcher.subscribe(late.session, [("d/1", 1)])
+    assert not log.reader.is_paused(partition_of("d/1"))
+    dispatcher.activate(late.session, new)
+    publish(log, "d/1", 3)  # after its SUBACK: the live read gives it these
+    log.reader.serve_live(dispatcher.dispatch)
+    assert [x.payload for x in late.received()] == [b"10", b"11", b"12"]
