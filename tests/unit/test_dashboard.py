@@ -47,6 +47,7 @@ def snapshot() -> dict[str, Any]:
     stats.update(
         consumer_lag={"0": 3},
         assigned_partitions=[0],
+        paused_partitions=[],
         messages_received_by_qos={"0": 0, "1": 0, "2": 0},
         messages_sent_by_qos={"0": 0, "1": 0, "2": 0},
         produce_latency=LatencyHistogram().snapshot(),
