@@ -16,13 +16,14 @@ memory, not delivery; only QoS 0 messages are dropped for a slow client (counted
 session that returns starts behind, at its stored positions, and goes through the same rounds.
 
 A record is read once, even so.  When a live batch finds every local holder of a partition
-behind on it (each of the index's subscriptions needing it is a behind client's), the live read
-of that partition is paused (``router.reader``), so the live edge (``dispatched``) stands
-still and the rounds end there.  A client whose round has reached the edge of a paused partition
-then either moves the edge on to the partition's head (the live read skips there, still paused:
-the next rounds read on), while the head is more records on than the client's queue holds, or
-resumes the live read, which goes on from the edge: the switch above.  A new subscription
-needing the partition resumes it (``router.subscriptions``), as it would need its live records.
+behind on it (each of the index's subscriptions needing it is a behind client's; one found to
+have a live holder is looked at again ``LOOK_AGAIN`` later), the live read of it is paused
+(``router.reader``), so the live edge (``dispatched``) stands still and the rounds end there.
+A client whose round has reached the edge of a paused partition then either moves the edge on
+to the partition's head (the live read skips there, still paused: the next rounds read on),
+while the head is more records on than the client's queue holds, or resumes the live read,
+which goes on from the edge: the switch above.  A new subscription needing the partition
+resumes it (``router.subscriptions``), as it would need its live records.
 
 Records that waited for a pending subscription (``router.subscriptions``) are older than the
 live stream: if one finds the client behind, its offset goes into ``Client.rewind`` and the next
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from mqttcore.codec import PublishTemplate
@@ -45,6 +47,10 @@ from router.record import Record
 from router.subscriptions import Subscriptions
 
 log = logging.getLogger("headwater.backlog")
+
+LOOK_AGAIN = 1.0
+"""Seconds before a partition found to have a live holder is looked at again: a look walks
+every client behind, and a reconnect storm brings thousands of them."""
 
 
 class Backlog:
@@ -65,6 +71,8 @@ class Backlog:
         """The clients behind now."""
         self.fell: set[int] = set()
         """Partitions a live record found a client behind on, since the last live batch."""
+        self._looked: dict[int, float] = {}
+        """When each partition was last found to have a live holder (``pause_idle``)."""
         self._matched_record: Record | None = None
         self._matched: dict[str, int] = {}
         self._templates: dict[int, PublishTemplate] = {}
@@ -131,9 +139,12 @@ class Backlog:
         """After a live batch: pause the live read of each partition it found a client behind
         on whose every local holder is behind on it (module docstring)."""
         reader, dispatched = self.log.reader, self.subscriptions.dispatched
+        now = time.monotonic()
         for partition in self.fell:
             edge = dispatched.get(partition)
             if edge is None or reader.is_paused(partition):
+                continue
+            if now - self._looked.get(partition, now - LOOK_AGAIN) < LOOK_AGAIN:
                 continue
             behind = 0
             for client in self.clients:
@@ -142,6 +153,8 @@ class Backlog:
                     behind += self.subscriptions.holds(client.session, partition)
             if behind >= self.subscriptions.holders(partition):
                 reader.pause([partition])
+            else:
+                self._looked[partition] = now
         self.fell.clear()
 
     def _at_edge(self, client: Client, behind: dict[int, int]) -> None:

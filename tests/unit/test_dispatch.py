@@ -439,3 +439,24 @@ async def test_a_new_subscription_resumes_a_paused_partition() -> None:
     publish(log, "d/1", 3)  # after its SUBACK: the live read gives it these
     log.reader.serve_live(dispatcher.dispatch)
     assert [x.payload for x in late.received()] == [b"10", b"11", b"12"]
+
+
+async def test_a_partition_found_with_a_live_holder_is_looked_at_again_only_later() -> None:
+    log = FakeLog()
+    dispatcher, slow = connected(log, max_inflight=1, max_queued=1)
+    fast = FakeClient(Session("fast", clean=True))
+    dispatcher.attach(fast.session, fast)
+    for client, qos in ((slow, 1), (fast, 0)):
+        _, new = await dispatcher.subscribe(client.session, [("d/#", qos)])
+        dispatcher.activate(client.session, new)
+    p = partition_of("d/1")
+    publish(log, "d/1", 10)
+    log.reader.serve_live(dispatcher.dispatch)  # walked: the QoS 0 subscriber is live
+    dispatcher.unsubscribe(fast.session, ["d/#"])
+    publish(log, "d/1", 10)
+    log.reader.serve_live(dispatcher.dispatch)
+    assert not log.reader.is_paused(p)  # not walked again so soon (a storm has thousands)
+    dispatcher.backlog._looked.clear()  # LOOK_AGAIN has passed
+    publish(log, "d/1", 10)
+    log.reader.serve_live(dispatcher.dispatch)
+    assert log.reader.is_paused(p)
