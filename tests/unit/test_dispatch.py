@@ -406,7 +406,8 @@ async def test_a_partition_whose_only_holder_is_behind_is_read_once_then_live_ag
     assert dispatcher.counters.messages_replayed >= 3000
 
 
-async def test_a_live_holder_keeps_the_partition_read_live() -> None:
+async def slow_and_fast() -> tuple[FakeLog, Dispatcher, FakeClient, FakeClient]:
+    """Two subscribers of ``d/#``: a slow one at QoS 1 (1 in flight, 1 queued), one at QoS 0."""
     log = FakeLog()
     dispatcher, slow = connected(log, max_inflight=1, max_queued=1)
     fast = FakeClient(Session("fast", clean=True))
@@ -414,6 +415,11 @@ async def test_a_live_holder_keeps_the_partition_read_live() -> None:
     for client, qos in ((slow, 1), (fast, 0)):
         _, new = await dispatcher.subscribe(client.session, [("d/#", qos)])
         dispatcher.activate(client.session, new)
+    return log, dispatcher, slow, fast
+
+
+async def test_a_live_holder_keeps_the_partition_read_live() -> None:
+    log, dispatcher, slow, fast = await slow_and_fast()
     publish(log, "d/1", 10)
     log.reader.serve_live(dispatcher.dispatch)
     assert dispatcher.is_behind(slow.session)
@@ -442,13 +448,7 @@ async def test_a_new_subscription_resumes_a_paused_partition() -> None:
 
 
 async def test_a_partition_found_with_a_live_holder_is_looked_at_again_only_later() -> None:
-    log = FakeLog()
-    dispatcher, slow = connected(log, max_inflight=1, max_queued=1)
-    fast = FakeClient(Session("fast", clean=True))
-    dispatcher.attach(fast.session, fast)
-    for client, qos in ((slow, 1), (fast, 0)):
-        _, new = await dispatcher.subscribe(client.session, [("d/#", qos)])
-        dispatcher.activate(client.session, new)
+    log, dispatcher, _, fast = await slow_and_fast()
     p = partition_of("d/1")
     publish(log, "d/1", 10)
     log.reader.serve_live(dispatcher.dispatch)  # walked: the QoS 0 subscriber is live
