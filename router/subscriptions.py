@@ -135,11 +135,9 @@ class Subscriptions:
     def holds(self, session: Session, partition: int) -> int:
         """How many of ``session``'s active subscriptions in the index need ``partition`` (a
         pending one is not counted: it waits for live records)."""
-        held = 0
+        held, pending = 0, self._pending
         for topic_filter in session.subscriptions:
-            if topic_filter.startswith(_NOT_HERE) or (session.client_id, topic_filter) in (
-                self._pending
-            ):
+            if topic_filter.startswith(_NOT_HERE) or (session.client_id, topic_filter) in pending:
                 continue
             if partition in self.router.partitions_for_filter(topic_filter):
                 held += 1
