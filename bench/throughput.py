@@ -292,7 +292,6 @@ def warm_kafka(broker: Broker, seconds: float) -> tuple[float, float]:
         return 0.0, 0.0
     s = Settings(duration=WARM_ROUND, warmup=0.0, paced_rate=5_000.0, drain_max=10.0)
     started = time.monotonic()
-    share = 1.0
     while True:
         rotation, compilers = time.monotonic(), Meter(broker.services, jit_seconds)
         for n, (kind, qos) in enumerate(WARM_TRAFFIC):
@@ -381,7 +380,7 @@ def floor_sentence(run: Run) -> str:
     if run.kafka_floor is None:
         return ""
     return (
-        f"Kafka alone at the latency rows' pace, on Headwater's Kafka right after them "
+        f"Kafka alone at the latency rows' pace, on Headwater's Kafka after every scenario "
         f"(`bench/kafka_floor.py`: a node's producer settings, a consumer blocking in its own "
         f"thread): {floor_text(run.kafka_floor)}, the floor under Headwater's latency rows. "
     )
