@@ -195,11 +195,11 @@ def test_the_shipped_sql_files(spark: SparkSession, kafka_bootstrap: str, log: s
         spark, kafka_bootstrap, log, "sql", "devices_online.sql", output_mode="complete"
     )
     assert sorted(
-        (r.window_start.minute, r.connected, r.disconnected, r.net_change, r.keep_alive_timeouts)
+        (r.window_start, r.connected, r.disconnected, r.net_change, r.keep_alive_timeouts)
         for r in online
     ) == [
-        (datetime.fromtimestamp(T0 / 1000).minute, 2, 1, 2, 0),
-        (datetime.fromtimestamp((T0 + 60_000) / 1000).minute, 0, 1, -1, 1),
+        (datetime.fromtimestamp(T0 / 1000), 2, 1, 2, 0),
+        (datetime.fromtimestamp((T0 + 60_000) / 1000), 0, 1, -1, 1),
     ]
     stats = run_query(
         spark, kafka_bootstrap, log, "sql", "device_stats.sql", output_mode="complete"
