@@ -68,9 +68,8 @@ def check_reachable(
     try:
         admin_client(bootstrap).list_topics(timeout=timeout)
     except KafkaException as exc:
-        reason = exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc
         raise ServiceError(
-            f"Kafka at {bootstrap} (setting {setting}) is unreachable: {reason}"
+            f"Kafka at {bootstrap} (setting {setting}) is unreachable: {_reason(exc)}"
         ) from None
 
 
@@ -116,7 +115,10 @@ def _metadata(admin: AdminClient, name: str, timeout: float) -> TopicMetadata | 
     All topics are listed rather than just `name`, so that a cluster with auto-creation enabled does
     not create the topic with its default partition count in answer to the question.
     """
-    topic = admin.list_topics(timeout=timeout).topics.get(name)
+    try:
+        topic = admin.list_topics(timeout=timeout).topics.get(name)
+    except KafkaException as exc:
+        raise ServiceError(f"cannot list Kafka's topics: {_reason(exc)}") from None
     if topic is None or topic.error is not None:
         return None
     return topic
@@ -129,7 +131,7 @@ def _create(admin: AdminClient, topic: NewTopic) -> TopicMetadata | None:
         future.result()
     except KafkaException as exc:
         if _code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise ServiceError(f"cannot create Kafka topic {topic.topic}: {exc.args[0]}") from None
+            raise ServiceError(f"cannot create Kafka topic {topic.topic}: {_reason(exc)}") from None
         return _metadata(admin, topic.topic, 10.0)
     return None
 
@@ -180,7 +182,7 @@ def topic_config(admin: AdminClient, name: str, timeout: float = 10.0) -> dict[s
         except KafkaException as exc:
             if _code(exc) != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() >= deadline:
                 raise ServiceError(
-                    f"cannot read the settings of Kafka topic {name}: {exc.args[0]}"
+                    f"cannot read the settings of Kafka topic {name}: {_reason(exc)}"
                 ) from None
         time.sleep(0.1)
 
@@ -197,6 +199,12 @@ def _code(exc: KafkaException) -> int | None:
     return error.code() if isinstance(error, KafkaError) else None
 
 
+def _reason(exc: KafkaException) -> str:
+    """What went wrong, in librdkafka's words."""
+    error = exc.args[0] if exc.args else None
+    return error.str() if isinstance(error, KafkaError) else str(exc)
+
+
 def _wait_for_leaders(admin: AdminClient, name: str, partitions: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not _all_led(admin, name, partitions):
@@ -206,7 +214,10 @@ def _wait_for_leaders(admin: AdminClient, name: str, partitions: int, timeout: f
 
 
 def _all_led(admin: AdminClient, name: str, partitions: int) -> bool:
-    topic = admin.list_topics(topic=name, timeout=5.0).topics.get(name)
+    try:
+        topic = admin.list_topics(topic=name, timeout=5.0).topics.get(name)
+    except KafkaException:  # the deadline of `_wait_for_leaders` bounds the asking
+        return False
     if topic is None or topic.error is not None or len(topic.partitions) != partitions:
         return False
     return all(p.leader >= 0 and p.error is None for p in topic.partitions.values())

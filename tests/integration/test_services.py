@@ -124,6 +124,11 @@ def test_unreachable_kafka_is_a_clear_error() -> None:
         kafka_admin.check_reachable(bootstrap, timeout=2.0)
 
 
+def test_a_topic_on_an_unreachable_kafka_is_a_clear_error() -> None:
+    with pytest.raises(ServiceError, match=r"cannot list Kafka's topics: .*[Tt]ransport"):
+        ensure_topic(f"127.0.0.1:{free_port()}", "nowhere", 1, {}, timeout=2.0)
+
+
 async def test_redis_round_trips_keys(redis_url: str, redis_prefix: str) -> None:
     client = aioredis.Redis.from_url(redis_url)
     try:
