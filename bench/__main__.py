@@ -6,7 +6,8 @@ fleets, reconnect storm: :mod:`bench.scale`), ``sessions`` (takeover, replay, re
 :mod:`bench.sessions`), ``profile`` (py-spy of one node: :mod:`bench.profile`), ``hostile``
 (issue 20's probes: :mod:`bench.hostile`), ``history`` (reading the log through
 ``$history/...``: :mod:`bench.history`), ``spark`` (the traffic job: :mod:`bench.spark_job`),
-and ``all`` (throughput, routing, scale, sessions, profile).
+``events`` (client events' cost a CONNECT, on against off: :mod:`bench.events`), and ``all``
+(throughput, routing, scale, sessions, profile).
 
 Each subcommand starts what it needs on one ``ExitStack`` (unwound on return, exception, Ctrl-C
 or SIGTERM), measures, prints its markdown section and writes it between its markers in
@@ -30,6 +31,7 @@ from types import FrameType
 
 from bench import (
     brokers,
+    events,
     history,
     hostile,
     profile,
@@ -42,11 +44,12 @@ from bench import (
 from bench.report import DEFAULT_OUTPUT, write_section
 
 COMMANDS = (
-    "throughput", "routing", "scale", "sessions", "profile", "hostile", "history", "spark", "all"
+    "throughput", "routing", "scale", "sessions", "profile", "hostile", "history", "spark",
+    "events", "all",
 )  # fmt: skip
 ALL = ("throughput", "routing", "scale", "sessions", "profile")
 """What ``all`` runs: ``hostile`` (minutes of probes), ``history`` (a million messages written
-and read) and ``spark`` only when named."""
+and read), ``spark`` and ``events`` (two clusters, rounds of on and off) only when named."""
 BROKERS = ("headwater", "mosquitto", "amqtt")
 
 
@@ -85,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--workers", default="1", help="Headwater --workers values compared [1]")
     t.add_argument("--paced-rate", type=float, default=20_000.0, help="paced QoS 1 msg/s [20000]")
     t.add_argument("--rate", type=float, default=1_000.0, help="latency runs msg/s [1000]")
-    s = p.add_argument_group("routing, scale, profile, history, spark")
+    s = p.add_argument_group("routing, scale, profile, history, spark, events")
     s.add_argument("--messages", type=int, default=200, help="routing: QoS 1 per topic [200]")
     s.add_argument("--clients", type=int, default=10_000, help="scale: idle fleet size [10000]")
     s.add_argument("--storm", type=int, default=5_000, help="scale: reconnect storm size [5000]")
@@ -93,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seconds", type=int, default=10, help="profile: py-spy seconds [10]")
     s.add_argument("--records", type=int, default=200_000, help="spark: records [200000]")
     s.add_argument("--history", type=int, default=1_000_000, help="history: messages [1000000]")
-    s.add_argument("--runs", type=int, default=2, help="spark: runs of the job [2]")
+    s.add_argument(
+        "--runs", type=int, help="spark: runs of the job [2]; events: rounds of on and off [6]"
+    )
     return p
 
 
@@ -136,10 +141,14 @@ def run_command(
         return profile.render(ran)
     if command == "hostile":
         return hostile.render(hostile.run(work, names, line, progress, hw))
+    if command == "events":
+        rounds = 1 if args.quick else args.runs or 6
+        settled = throughput_settings(args)
+        return events.render(events.run(work, settled, rounds, hw, line, progress))
     if command == "history":
         messages = 50_000 if args.quick else args.history
         return history.render(history.run(work, hw, line, progress, messages))
-    return spark_job.run(work, hw, progress, 20_000 if args.quick else args.records, args.runs)
+    return spark_job.run(work, hw, progress, 20_000 if args.quick else args.records, args.runs or 2)
 
 
 def stop_on_sigterm() -> None:

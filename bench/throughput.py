@@ -82,6 +82,8 @@ class Result:
     p99_ms: float = 0.0
     cpu_us: float = 0.0
     load_cpu: list[float] = field(default_factory=list)
+    services_cpu: list[float] = field(default_factory=list)
+    """Each of the broker's services' (Headwater: Kafka, Redis) share of a core in the window."""
     error: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -215,9 +217,11 @@ def measure(scenario: Scenario, broker: Broker, s: Settings, base: int) -> Resul
         groups.go(timing)
         time.sleep(max(0.0, timing.measure_from - time.monotonic()))
         node, load = Meter(broker.pids, tree_cpu_seconds), Meter(groups.pids)
+        services = Meter(broker.services)
         kernel = tcp_counters()
         time.sleep(max(0.0, timing.end - time.monotonic()))
         node_cpu, result.load_cpu = sum(node.used()), [c / s.duration for c in load.used()]
+        result.services_cpu = [c / s.duration for c in services.used()]
         grown = {k: n - kernel.get(k, 0) for k, n in tcp_counters().items()}
         reports = groups.reports(s.drain_max + 60.0)
     finally:
