@@ -162,7 +162,7 @@ class Backlog:
         the head if that is more records on than its queue holds (a live read would find it
         full), else resume the live read."""
         reader, dispatched = self.log.reader, self.subscriptions.dispatched
-        holds = (client.session if client.owner is None else client.owner).max_queued
+        holds = client.queue.max_queued
         for partition, at in behind.items():
             edge = dispatched.get(partition)
             if edge is None or at < edge or not reader.is_paused(partition):
@@ -224,8 +224,7 @@ class Backlog:
         assert behind is not None
         # In flight from before a reconnect, resent already: the same record under the same topic
         # (a history stream's copy goes out under its prefix, a plain one under the topic).
-        owner = session if client.owner is None else client.owner
-        resent = {(o.partition, o.offset, o.message.topic) for o in owner.inflight.values()}
+        resent = {(o.partition, o.offset, o.message.topic) for o in client.queue.inflight.values()}
         prefix = client.prefix
         delivered = 0
 

@@ -81,3 +81,8 @@ class Client:
     subscription): the next round starts there."""
     catching_up: asyncio.Task[None] | None = None
     """The task reading what it missed from the log, while it is behind."""
+
+    @property
+    def queue(self) -> Session:
+        """The session whose queue takes what is delivered: ``owner``, else its own."""
+        return self.session if self.owner is None else self.owner

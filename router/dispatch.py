@@ -327,7 +327,7 @@ class Dispatcher:
 
     def _deliver(self, client: Client, out: Outbound) -> None:
         self.counters.messages_delivered += 1
-        session = client.session if client.owner is None else client.owner
+        session = client.queue
         if not session.clean:
             self.touched.add(session.client_id)
         dropped = session.dropped
