@@ -36,6 +36,7 @@ COMPILED = [
     "frontend/connection.py",
     "frontend/intake.py",
     "frontend/events.py",  # a burst of client events built and handed over in one loop
+    "frontend/auth/acl.py",  # Access.may_read: asked for every message a client is sent
 ]
 
 
