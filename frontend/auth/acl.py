@@ -36,7 +36,8 @@ A granted filter may still match topics a narrower deny rule refuses: every mess
 against READ when it is delivered, :meth:`Access.may_read`, whose answers are cached per topic in
 a small dict made on first use and dropped whenever the holder's ``generation`` changes (a
 reload), so a wildcard subscription never leaks a denied topic and a reload applies to clients
-already connected.
+already connected.  This module runs compiled (setup.py): that question is asked for every
+message a client is sent, with or without an acl_file.
 """
 
 from __future__ import annotations
