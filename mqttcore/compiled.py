@@ -17,23 +17,22 @@ from pathlib import Path
 PACKAGES = ("mqttcore", "router", "frontend")
 
 
-def _extensions(package_dir: Path) -> dict[str, Path]:
-    """Module name -> its extension file, for the extensions built in ``package_dir``."""
-    found: dict[str, Path] = {}
-    for path in package_dir.iterdir():
+def _extensions(package_dir: Path) -> dict[Path, Path]:
+    """Module source -> its extension file, for the extensions built in ``package_dir`` and its
+    subpackages (``frontend/auth``)."""
+    found: dict[Path, Path] = {}
+    for path in sorted(package_dir.rglob("*.so")):
         for suffix in EXTENSION_SUFFIXES:
             if path.name.endswith(suffix):
-                found.setdefault(path.name[: -len(suffix)], path)
+                found.setdefault(path.with_name(path.name[: -len(suffix)] + ".py"), path)
                 break
     return found
 
 
 def check(package_file: str) -> None:
-    """ImportError if a module of the package whose ``__init__`` is ``package_file`` was compiled
-    from an older version of its source."""
-    package_dir = Path(package_file).parent
-    for name, extension in _extensions(package_dir).items():
-        source = package_dir / f"{name}.py"
+    """ImportError if a module of the package whose ``__init__`` is ``package_file``, or of a
+    subpackage of it, was compiled from an older version of its source."""
+    for source, extension in _extensions(Path(package_file).parent).items():
         if source.exists() and source.stat().st_mtime > extension.stat().st_mtime:
             raise ImportError(
                 f"{source} changed after it was compiled into {extension.name}: run `make install`"

@@ -50,3 +50,15 @@ def test_an_extension_older_than_its_source_is_refused(tmp_path: Path) -> None:
     os.utime(extension, (now - 10, now - 10))
     with pytest.raises(ImportError, match=r"hot\.py changed after it was compiled.*make install"):
         compiled.check(str(package / "__init__.py"))
+
+
+def test_an_extension_older_than_its_source_in_a_subpackage_is_refused(tmp_path: Path) -> None:
+    sub = tmp_path / "package" / "auth"
+    sub.mkdir(parents=True)
+    (sub / "acl.py").write_text("X = 1\n")
+    extension = sub / f"acl{EXTENSION_SUFFIXES[0]}"
+    extension.write_bytes(b"")
+    now = time.time()
+    os.utime(extension, (now - 10, now - 10))
+    with pytest.raises(ImportError, match=r"auth/acl\.py changed after it was compiled"):
+        compiled.check(str(tmp_path / "package" / "__init__.py"))
