@@ -62,3 +62,15 @@ def test_an_extension_older_than_its_source_in_a_subpackage_is_refused(tmp_path:
     os.utime(extension, (now - 10, now - 10))
     with pytest.raises(ImportError, match=r"auth/acl\.py changed after it was compiled"):
         compiled.check(str(tmp_path / "package" / "__init__.py"))
+
+
+def test_the_node_image_carries_every_compiled_module() -> None:
+    """A compiled module that meets a class of another compiled module refuses the interpreted
+    one: an image without frontend/auth's extension closed every CONNECT with an internal
+    error.  The image's build stage compiles what setup.py lists; the node stage must copy each
+    directory's extensions."""
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    for directory in sorted({str(Path(path).parent) for path in listed()}):
+        line = f"COPY --from=compiled /app/{directory}/*.so ./{directory}/"
+        assert line in dockerfile, f"docker/Dockerfile lacks: {line}"
+        assert f"COPY {directory.split('/')[0]} ./{directory.split('/')[0]}" in dockerfile
