@@ -49,7 +49,7 @@ COMMANDS = (
 )  # fmt: skip
 ALL = ("throughput", "routing", "scale", "sessions", "profile")
 """What ``all`` runs: ``hostile`` (minutes of probes), ``history`` (a million messages written
-and read), ``spark`` and ``events`` (two clusters, rounds of on and off) only when named."""
+and read), ``spark`` and ``events`` (three clusters, rounds of each in turn) only when named."""
 BROKERS = ("headwater", "mosquitto", "amqtt")
 
 
@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--records", type=int, default=200_000, help="spark: records [200000]")
     s.add_argument("--history", type=int, default=1_000_000, help="history: messages [1000000]")
     s.add_argument(
-        "--runs", type=int, help="spark: runs of the job [2]; events: rounds of on and off [6]"
+        "--runs",
+        type=int,
+        help="spark: runs of the job [2]; events: rounds of on, off and control [6]",
     )
     return p
 

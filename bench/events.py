@@ -92,10 +92,12 @@ def run(
     return out
 
 
-def ratios(run: Run, key: str, over: str = "off") -> list[float]:
-    """A round's CONNECT/s with events over its CONNECT/s on side ``over``, round by round."""
+def ratios(run: Run, key: str, over: str = "off", figure: str = "delivered") -> list[float]:
+    """A round's ``figure`` (CONNECT/s; ``cpu_us``: the node's CPU a cycle) with events over
+    the same round's on side ``over``, round by round."""
     on, off = run.results.get((key, "on"), []), run.results.get((key, over), [])
-    return [a.delivered / b.delivered for a, b in zip(on, off, strict=True) if b.delivered]
+    pairs = [(getattr(a, figure), getattr(b, figure)) for a, b in zip(on, off, strict=True)]
+    return [a / b for a, b in pairs if b]
 
 
 def geomean(values: list[float]) -> float:
@@ -128,8 +130,7 @@ def ratio_cell(run: Run, key: str, over: str = "off") -> str:
 
 
 def cpu_ratio_cell(run: Run, key: str) -> str:
-    on, off = run.results.get((key, "on"), []), run.results.get((key, "off"), [])
-    found = [a.cpu_us / b.cpu_us for a, b in zip(on, off, strict=True) if b.cpu_us]
+    found = ratios(run, key, figure="cpu_us")
     return f"{geomean(found):.3f}" if found else "-"
 
 

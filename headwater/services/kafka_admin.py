@@ -193,16 +193,22 @@ def _describe_config(admin: AdminClient, name: str, timeout: float) -> dict[str,
     return {key: entry.value for key, entry in entries.items()}
 
 
+def _error(exc: KafkaException) -> KafkaError | None:
+    """The KafkaError `exc` carries, if it carries one."""
+    error = exc.args[0] if exc.args else None
+    return error if isinstance(error, KafkaError) else None
+
+
 def _code(exc: KafkaException) -> int | None:
     """The Kafka error code `exc` carries, if it carries one."""
-    error = exc.args[0] if exc.args else None
-    return error.code() if isinstance(error, KafkaError) else None
+    error = _error(exc)
+    return None if error is None else error.code()
 
 
 def _reason(exc: KafkaException) -> str:
     """What went wrong, in librdkafka's words."""
-    error = exc.args[0] if exc.args else None
-    return error.str() if isinstance(error, KafkaError) else str(exc)
+    error = _error(exc)
+    return str(exc) if error is None else error.str()
 
 
 def _wait_for_leaders(admin: AdminClient, name: str, partitions: int, timeout: float) -> None:
