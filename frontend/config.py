@@ -115,6 +115,9 @@ class Setting:
     """Start-up stops without it (it has no default)."""
     in_file: bool = True
     """A key of the file (not ``--config``: a file names no other file)."""
+    reloads: bool = False
+    """SIGHUP applies a new value to the running node (``frontend.node.Node.reload``); another
+    setting's new value waits for the next start."""
 
     def __post_init__(self) -> None:
         types = KINDS[self.kind][0]
@@ -306,7 +309,8 @@ SETTINGS: dict[str, Setting] = {
                 high=86400, more="see Operations"),
         Setting("client-events", SWITCH, True, "write connected, disconnected (and why), "
                 "subscribed, unsubscribed and session_expired records to the log, on $events/...",
-                more="docs/log.md, Client events"),
+                reloads=True, more="docs/log.md, Client events; SIGHUP applies the `--config` "
+                "file's value to a running node"),
         Setting("drain-timeout", INTEGER, 30, "seconds from SIGTERM or SIGINT to the exit at "
                 "most: a drain not over by then ends the process at once (status 1)", 1, 3600),
         Setting("log-level", TEXT, "INFO", "DEBUG, INFO, WARNING or ERROR", into=OWN,

@@ -27,7 +27,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from frontend.config import SETTINGS, Setting, build_parser
+from frontend.config import SETTINGS, NodeConfig, Setting, build_parser, config_from_args
 from frontend.values import INTEGER, KINDS, LIST, SECONDS, SWITCH, ConfigError, FileValue
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +44,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if path:
         parser.set_defaults(**file_defaults(path))
     return parser.parse_args(argv)
+
+
+def reread(
+    argv: list[str] | None, before: argparse.Namespace
+) -> tuple[argparse.Namespace, NodeConfig, list[str]]:
+    """The settings read again as at start-up (the file may have changed; flags and variables
+    have not), their configuration, and the names of the settings whose values changed that only
+    a restart applies (``Setting.reloads``).  A bad value raises ``ConfigError`` as at start."""
+    args = parse_args(argv)
+    config = config_from_args(args)
+    waiting = [
+        s.name for s in SETTINGS.values()
+        if not s.reloads and getattr(args, s.dest) != getattr(before, s.dest)
+    ]  # fmt: skip
+    return args, config, waiting
 
 
 def _config_path(argv: list[str] | None) -> str | None:

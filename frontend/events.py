@@ -17,7 +17,8 @@ module runs compiled (setup.py): the loop builds each payload and message in C, 
 encodes a burst's records through ``router.record.Template``.  The log's quiet producer then
 sends them in one request per partition and they never wake the log's pump.
 :meth:`Events.close` hands over what waits and stops writing, before the node's log stops.  A
-node with ``--client-events no`` keeps and writes nothing.  Who calls: the session manager
+node with ``--client-events no`` keeps and writes nothing; SIGHUP rereads the setting
+(:meth:`switch`).  Who calls: the session manager
 (``frontend.sessions.manager``: connected, subscribed, unsubscribed, disconnected with the
 reason the connection gives) and the cluster's expiry listener (``frontend.cluster``: session
 expired).  ``$events/...`` reaches only subscribers of a filter naming it whom the ACL lets
@@ -98,8 +99,8 @@ class Events:
     """This node's client events; see the module's docstring."""
 
     __slots__ = (
-        "_clock_ms", "_flush_after", "_log", "_node", "_pending", "_stamps", "enabled", "lost",
-        "written",
+        "_clock_ms", "_closed", "_flush_after", "_log", "_node", "_pending", "_stamps", "enabled",
+        "lost", "written",
     )  # fmt: skip
 
     def __init__(
@@ -120,7 +121,9 @@ class Events:
         self._node = f',"node":{_text(stamps.origin_node)},"timestamp":'
         """The fixed middle of every payload: this node, then the time's key."""
         self.enabled = enabled
-        """``--client-events``; the node turns it off before its log stops."""
+        """``--client-events``; a reload may switch it (:meth:`switch`), and the node turns it
+        off for good before its log stops (:meth:`close`)."""
+        self._closed = False
         self.written = 0
         self.lost = 0
         """Events the producer could not take (its queue full)."""
@@ -181,7 +184,16 @@ class Events:
         self.written += taken
         self.lost += len(messages) - taken
 
+    def switch(self, enabled: bool) -> None:
+        """Write events from now on, or stop (what waits is handed over); nothing after
+        :meth:`close`."""
+        if not self._closed:
+            if not enabled and self._pending:
+                self.flush()
+            self.enabled = enabled
+
     def close(self) -> None:
         """Hand over what waits and write no more (the node's log stops next)."""
         self.flush()
         self.enabled = False
+        self._closed = True

@@ -111,6 +111,7 @@ COUNTERS = {
     "wills_published": "Wills published.",
     "orphaned_wills_published": "Wills of connections whose node died, published here.",
     "wills_lost": "Wills the producer could not take.",
+    "client_events_written": "Client events ($events/...) handed to the log.",
     "inbound_relayed": "Records of the inbound topic this node copied into the log.",
     "inbound_skipped_no_topic": "Inbound records skipped: no key (the MQTT topic).",
     "inbound_skipped_bad_topic": "Inbound records skipped: a key that is no topic a client may "
@@ -134,6 +135,7 @@ GAUGES = {
     "sessions_active": "Persistent sessions the saver looks at each round.",
     "kafka_available": "1 while Kafka takes writes.",
     "redis_reachable": "1 while the node's last heartbeat reached Redis (or it has none).",
+    "client_events": "1 while the node writes client events (--client-events; SIGHUP rereads it).",
 }
 
 REFUSED = {
@@ -153,6 +155,7 @@ DROPPED = {
     "records_lost_to_retention": "retention",
     "produce_errors": "produce_failed",
     "wills_lost": "will_lost",
+    "client_events_lost": "client_event_lost",
     "undecodable_records": "undecodable",
 }
 """``/stats`` key -> ``reason`` of ``headwater_drops_total``."""

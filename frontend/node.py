@@ -10,8 +10,9 @@ connections are :class:`frontend.connection.MqttConnection`.
 
 Start-up fails fast with one line naming what is at fault (a bad flag or ``HEADWATER_*``
 variable, a password or ACL file line, an unreachable Kafka, a missing log topic).  SIGHUP
-rereads the password and ACL files (``frontend.auth``) and disconnects the clients whose
-password entry is gone or changed.  SIGINT and SIGTERM drain the node
+reads the settings again and applies those a running node may change (``client-events``), then
+rereads the password and ACL files (``frontend.auth``) and disconnects the clients whose password
+entry is gone or changed.  SIGINT and SIGTERM drain the node
 (:meth:`Node.stop`): ``/ready`` says "draining" at once and the listeners close, the PUBLISHes
 already given to Kafka get their PUBACK/PUBREC, every client is closed (its persistent session
 stored by the release path), then the producer is flushed and the process exits 0, all within
@@ -21,6 +22,7 @@ stored by the release path), then the producer is flushed and the process exits 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import gc
@@ -42,7 +44,7 @@ from frontend.auth import Auth
 from frontend.buffers import Budget
 from frontend.cluster import Coordinator
 from frontend.config import Listener, NodeConfig, config_from_args, log_settings, workers_setting
-from frontend.config_file import parse_args
+from frontend.config_file import parse_args, reread
 from frontend.connection import MqttConnection, Services
 from frontend.intake import Intake
 from frontend.logs import setup_logging
@@ -182,6 +184,9 @@ class Node:
         self._servers: list[asyncio.Server] = []
         self._stats_server: asyncio.Server | None = None
         self._redis: RedisClient | None = None
+        self.given: tuple[list[str] | None, argparse.Namespace] | None = None
+        """The command line and the settings it gave at start (:func:`serve`), read again on
+        SIGHUP; None for a node built in code."""
 
     @property
     def connections(self) -> set[MqttConnection]:
@@ -255,9 +260,11 @@ class Node:
         self._redis = client
 
     def reload(self) -> None:
-        """Reread the password and ACL files (SIGHUP): a client whose password entry is gone or
-        changed is disconnected (as Mosquitto 2 does); the others stay, and are judged by the new
-        rules from their next packet on; a file that does not load keeps its old rules."""
+        """SIGHUP: the settings read again (:meth:`_reload_settings`), then the password and ACL
+        files: a client whose password entry is gone or changed is disconnected (as Mosquitto 2
+        does); the others stay, and are judged by the new rules from their next packet on; a file
+        that does not load keeps its old rules."""
+        self._reload_settings()
         auth = self.services.auth
         auth.reload()
         revoked = [c for c in self.connections if c.login and not auth.still_passes(c.login)]
@@ -267,6 +274,25 @@ class Node:
         auth.revoked += len(revoked)
         if revoked:
             log.info("reload: %d clients disconnected, their credentials gone", len(revoked))
+
+    def _reload_settings(self) -> None:
+        """Apply the settings a reload may change (``client-events``: ``Setting.reloads``) as
+        the file now gives them, and name the changed ones that wait for a restart; settings that
+        do not load are all kept, the error logged."""
+        if self.given is None:
+            return
+        argv, at_start = self.given
+        try:
+            _, config, waiting = reread(argv, at_start)
+        except ConfigError as exc:
+            log.error("reload: settings kept as they were: %s", exc)
+            return
+        if waiting:
+            log.warning("reload: %s changed; applied at the next start", ", ".join(waiting))
+        if config.client_events != self.config.client_events:
+            self.sessions.events.switch(config.client_events)
+            self.config.client_events = config.client_events
+            log.info("reload: client events %s", "on" if config.client_events else "off")
 
     def stats(self) -> dict[str, Any]:
         return snapshot(
@@ -464,8 +490,13 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def serve(config: NodeConfig) -> None:
+async def serve(
+    config: NodeConfig, given: tuple[list[str] | None, argparse.Namespace] | None = None
+) -> None:
+    """Run a node until SIGINT or SIGTERM; ``given``: what its settings came from (SIGHUP
+    reads them again)."""
     node = Node(config)
+    node.given = given
     await node.start()
     tune_gc()
     stats = f", stats on {config.stats_host}:{config.stats_port}" if config.stats_host else ""
@@ -548,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
 
         uvloop.install()
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, (argv, args)))
     except (ConnectionError, ValueError, OSError) as exc:
         print(f"headwater frontend: {exc}", file=sys.stderr)
         return 1

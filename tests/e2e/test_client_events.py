@@ -3,7 +3,9 @@ reads them, and as MQTT subscribers see them (only on ``$events/...`` [MQTT-4.7.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +17,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from frontend.config import NodeConfig
 from frontend.node import Node
 from frontend.sessions.redis import hash_tag
+from headwater.services.ports import free_port
 from mqttcore.packets import (
     SUBACK_FAILURE,
     Connack,
     Connect,
     Disconnect,
+    Pingreq,
+    Pingresp,
     Publish,
     Suback,
     Unsuback,
@@ -27,7 +32,7 @@ from mqttcore.packets import (
     Will,
 )
 from router import record
-from tests.e2e.conftest import PARTITIONS, NodeFactory, eventually
+from tests.e2e.conftest import PARTITIONS, NodeFactory, eventually, launch_node_process
 from tests.e2e.rawmqtt import RawClient
 
 
@@ -182,6 +187,62 @@ async def test_off_writes_no_event(start_node: NodeFactory, log_events: LogEvent
     assert log_events.read() == [] and node.sessions.events.written == 0
     assert all(not topic.startswith("$") for topic, _ in log_events.topics)
     await client.close()
+
+
+async def test_sighup_switches_events_as_the_config_file_says(
+    kafka_bootstrap: str, log_topic: str, log_events: LogEvents, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """An operator turns events on and off in the node's file and sends SIGHUP: no client is
+    disconnected; a file that does not load keeps them as they were, its error logged; a changed
+    setting only a restart applies is named."""
+    monkeypatch.delenv("HEADWATER_CLIENT_EVENTS", raising=False)  # it would override the file
+    config = tmp_path / "headwater.toml"
+    config.write_text("client-events = false\n")
+    port = free_port()
+    node = await launch_node_process(
+        "hup-events", port, kafka_bootstrap, log_topic, "--config", str(config),
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+    async def logged(text: str) -> None:
+        assert node.stderr is not None
+        while text.encode() not in (line := await asyncio.wait_for(node.stderr.readline(), 10)):
+            assert line, f"the node's log ended before {text!r}"
+
+    async def visit(client_id: str) -> None:
+        client = await RawClient.connected(port, client_id)
+        await client.send(Disconnect())
+        await client.expect_closed()
+
+    async def switch(text: str, then: str) -> None:
+        config.write_text(text)
+        node.send_signal(signal.SIGHUP)
+        await logged(then)
+
+    try:
+        stays = await RawClient.connected(port, "stays")
+        await visit("while-off")
+        await switch("client-events = true\n", "client events on")
+        await visit("while-on")
+        await log_events.wait_for(event="disconnected", client_id="while-on")
+        await switch('client-events = "no"\n', f"client-events in {config}")  # a string: kept
+        await switch("client-events = false\nmax-inflight = 7\n", "max-inflight changed")
+        await logged("client events off")
+        await visit("off-again")
+        await switch("client-events = true\n", "client events on")
+        await visit("on-again")
+        await log_events.wait_for(event="connected", client_id="on-again")
+        await log_events.wait_for(event="disconnected", client_id="on-again")
+        # events of one kind share a partition, in order: "off-again"'s would be before these
+        seen = {(e["event"], e["client_id"]) for e in log_events.read()}
+        assert {client_id for _, client_id in seen} == {"while-on", "on-again"}
+        await stays.send(Pingreq())
+        assert await stays.recv() == Pingresp()  # connected throughout
+        await stays.close()
+    finally:
+        node.terminate()
+        await node.wait()
 
 
 async def _gone(redis: aioredis.Redis, key: str) -> bool:

@@ -18,6 +18,8 @@ def a_run(on: list[float], off: list[float], control: list[float] | None = None)
     run.results[("connect-clean", "on")] = results("connect-clean", "on", on, 630.0)
     run.results[("connect-clean", "off")] = results("connect-clean", "off", off)
     run.results[("connect-clean", "control")] = results("connect-clean", "control", control or on)
+    run.written = {("connect-clean", side): [2.0, 2.0] for side in ("on", "control")}
+    run.written[("connect-clean", "off")] = [0.0, 0.0]
     return run
 
 
@@ -48,8 +50,9 @@ def test_the_section_shows_every_side_and_the_ratios() -> None:
     assert section.startswith("<!-- events:begin -->") and "<!-- events:end -->" in section
     row = next(line for line in section.splitlines() if line.startswith("| CONNECT then"))
     cells = [cell.strip() for cell in row.split("|")[2:-1]]
-    assert cells[0] == "975 per s, node 630 us a cycle, Kafka 20.0% of a core"
+    assert cells[0] == "975 per s, node 630 us a cycle, Kafka 20.0% of a core, 2.00 events a cycle"
     assert cells[1].startswith("1,000 per s, node 600 us a cycle")
+    assert cells[1].endswith("0.00 events a cycle")
     assert cells[2].startswith("975 per s")
     assert cells[3] == "0.975 (95%: 0.950-1.000, 2 rounds)"
     assert cells[4].startswith("1.000 (95%: 0.950-1.05")

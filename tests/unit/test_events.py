@@ -142,6 +142,21 @@ async def test_events_wait_to_go_together_and_close_hands_them_over() -> None:
     assert [m.client_id for m, _ in log.records] == ["a", "b", "a"]
 
 
+async def test_a_reload_switches_events_and_what_waits_still_goes() -> None:
+    log = FakeLog()
+    sink = Events(MessageStamps("node1", lambda: 0, b"\0" * 8), log, flush_after=60)
+    sink.connected("a", None, clean_session=True)
+    sink.switch(False)  # a reload turned them off: what waited is handed over now
+    sink.connected("b", None, clean_session=True)
+    assert [m.client_id for m, _ in log.records] == ["a"] and not sink.enabled
+    sink.switch(True)
+    sink.connected("c", None, clean_session=True)
+    sink.close()
+    sink.switch(True)  # a reload during the drain: the log stops next, nothing more
+    sink.connected("d", None, clean_session=True)
+    assert [m.client_id for m, _ in log.records] == ["a", "c"] and sink.written == 2
+
+
 async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
