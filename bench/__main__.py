@@ -49,7 +49,8 @@ COMMANDS = (
 )  # fmt: skip
 ALL = ("throughput", "routing", "scale", "sessions", "profile")
 """What ``all`` runs: ``hostile`` (minutes of probes), ``history`` (a million messages written
-and read), ``spark`` and ``events`` (three clusters, rounds of each in turn) only when named."""
+and read), ``spark`` and ``events`` (one cluster, rounds of windows with events on, off and on)
+only when named."""
 BROKERS = ("headwater", "mosquitto", "amqtt")
 
 
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--runs",
         type=int,
-        help="spark: runs of the job [2]; events: rounds of on, off and control [6]",
+        help="spark: runs of the job [2]; events: rounds of windows on, off and control [40]",
     )
     return p
 
@@ -144,7 +145,7 @@ def run_command(
     if command == "hostile":
         return hostile.render(hostile.run(work, names, line, progress, hw))
     if command == "events":
-        rounds = 1 if args.quick else args.runs or 6
+        rounds = 1 if args.quick else args.runs or 40
         settled = throughput_settings(args)
         return events.render(events.run(work, settled, rounds, hw, line, progress))
     if command == "history":

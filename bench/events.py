@@ -1,23 +1,23 @@
 """``python -m bench events``: what client events cost a CONNECT, events on against off.
 
 One ``headwater dev up`` cluster of one node, started with a settings file (``HEADWATER_CONFIG``)
-whose ``client-events`` each run sets and a SIGHUP applies (``frontend.node.Node.reload``): on,
-off, and on again (the control: how far two runs of the same side differ is the measurement's
-own spread, the yardstick of the on / off difference).  The same node process, Kafka and Redis
-serve every side, so nothing but the events differs between them: three clusters, one a side,
-differed by up to 4% with the same setting (an earlier version of this tool).  Kafka is warmed
-first as ``throughput`` warms it; then ``--runs`` rounds of the CONNECT scenarios of
-:mod:`bench.throughput`, the sides taking turns (which goes first rotating every round), each
-run after the machine went idle, the switch checked in ``/stats`` (``client_events``) before it
-and the events the node wrote counted over it (``client_events_written``).
+whose ``client-events`` a SIGHUP applies (``frontend.node.Node.reload``), the switch checked in
+``/stats``.  For each CONNECT scenario of :mod:`bench.throughput`, one load run, cut into
+``--runs`` rounds of three windows of ``--duration`` seconds: events on, off, and on again (the
+control: how far two windows of one side differ is the measurement's own spread), which side
+goes first rotating every round, each window after a switch and ``GUARD``.  The same node
+process, Kafka, Redis and load serve every side, and the sides alternate every few seconds:
+three clusters, one a side, differed by up to 4% with the same setting, and a whole run's
+CONNECT/s by about 8% from the next run's (earlier versions of this tool), while two adjacent
+3-second windows differ by about 7%.
 
-Reported per scenario: each side's median CONNECT/s, the node's CPU a cycle, the share of a core
-Kafka used over the measured window and the events written a cycle; the ratios on / off and
-on / control as the geometric mean of the rounds' own ratios, with a 95% bootstrap interval;
-and issue 24's verdict (CONNECT/s must not fall by more than 5%): shown when the whole interval
-of on / off lies at or above 0.95.  At full load the node, its Kafka, Redis and the load
-generator share the machine's cores: what Kafka spends writing the events is taken from the node
-there, as it would not be on a cluster whose Kafka runs elsewhere.
+Reported per scenario: each side's median CONNECT/s, the node's CPU a CONNECT and the share of a
+core Kafka used, and the events written in its windows (``client_events_written``); the ratios
+on / off and on / control as the geometric mean of the rounds' own ratios, with a 95% bootstrap
+interval; and issue 24's verdict (CONNECT/s must not fall by more than 5%): shown when the whole
+interval of on / off lies at or above 0.95.  At full load the node, its Kafka, Redis and the
+load generator share the machine's cores: what Kafka spends writing the events is taken from the
+node there, as it would not be on a cluster whose Kafka runs elsewhere.
 """
 
 from __future__ import annotations
@@ -28,15 +28,16 @@ import os
 import random
 import signal
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench import brokers, throughput
 from bench.brokers import Broker
-from bench.measure import machine, node_stats, settle
+from bench.measure import Meter, machine, node_stats, settle, tree_cpu_seconds
 from bench.report import table, wrap
 from bench.throughput import SCENARIOS, SETTLED_CPU, Result, Settings
 
@@ -49,9 +50,14 @@ EVENTS = {"on": True, "off": False, "control": True}
 """Each side's ``client-events``."""
 SWITCH_TIMEOUT = 10.0
 """Seconds a node has to show a switch in ``/stats``."""
-HELD = 1.0
-"""Seconds the count of events written must hold to be a run's: a node hands its events over
-up to 0.5 s after they happened (``frontend.events.FLUSH_SECONDS``)."""
+GUARD = 0.5
+"""Seconds after a switch before its window begins: the events handed over at the switch written
+by Kafka, not counted in the next side's window."""
+LAG = 0.5
+"""How long after it happened a node hands an event over at most (``frontend.events.
+FLUSH_SECONDS``): a window's events are counted that much later than its CONNECTs."""
+SWITCH_ALLOWANCE = 0.3
+"""Seconds a switch and a window's readings take beside the window and its lag."""
 RESAMPLES = 10_000
 """Bootstrap resamples of the rounds' ratios for the interval."""
 
@@ -68,8 +74,8 @@ class Run:
     """Seconds the Kafka warm-up took."""
     results: dict[tuple[str, str], list[Result]] = field(default_factory=dict)
     """(scenario, side) -> one result a round."""
-    written: dict[tuple[str, str], list[float]] = field(default_factory=dict)
-    """(scenario, side) -> client events the node wrote a cycle, one figure a round."""
+    written: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    """(scenario, side) -> client events the node wrote, one count a round."""
 
 
 def run(
@@ -91,26 +97,72 @@ def run(
         broker = headwater.start(work, stack, env={"HEADWATER_CONFIG": str(settings)})
         progress(f"up on {broker.endpoints[0].port}; warming its Kafka")
         out.warmed = throughput.warm_kafka(broker, s.kafka_warmup)[0]
-        pids = [*broker.pids, *broker.services]
-        for r in range(rounds):
-            order = SIDES[r % len(SIDES) :] + SIDES[: r % len(SIDES)]
-            for n, key in enumerate(KEYS):
-                for side in order:
-                    switch(broker, settings, EVENTS[side])
-                    settle(pids, SETTLED_CPU, s.settle_max)
-                    before = written(broker)
-                    base = 1000 * (r + 1) + 100 * n + 10 * SIDES.index(side)
-                    result = throughput.measure(SCENARIOS[key], broker, s, base)
-                    events = handed_over(broker) - before
-                    a_cycle = events / result.cycles if result.cycles else 0.0
-                    out.results.setdefault((key, side), []).append(result)
-                    out.written.setdefault((key, side), []).append(a_cycle)
-                    progress(
-                        f"round {r + 1}, {key}, events {side}: {throughput.summary(result)}, "
-                        f"{a_cycle:.2f} events a cycle"
-                    )
+        for n, key in enumerate(KEYS):
+            switch(broker, settings, True)
+            settle([*broker.pids, *broker.services], SETTLED_CPU, s.settle_max)
+            windows(out, broker, settings, key, 1000 * (n + 1), progress)
     out.seconds = time.monotonic() - started
     return out
+
+
+def windows(
+    out: Run, broker: Broker, settings: Path, key: str, base: int, progress: Callable[[str], None]
+) -> None:
+    """One load run of scenario ``key`` cut into ``out.rounds`` rounds of three windows, one a
+    side, events switched before each (which side goes first rotating every round)."""
+    s = out.settings
+    each = GUARD + s.duration + LAG + SWITCH_ALLOWANCE
+    whole = replace(s, duration=out.rounds * len(SIDES) * each + s.warmup + 2.0)
+    load = threading.Thread(target=throughput.measure, args=(SCENARIOS[key], broker, whole, base))
+    load.start()
+    try:
+        begun(broker, SWITCH_TIMEOUT + s.settle_max)
+        time.sleep(s.warmup)
+        for r in range(out.rounds):
+            for side in SIDES[r % len(SIDES) :] + SIDES[: r % len(SIDES)]:
+                switch(broker, settings, EVENTS[side])
+                time.sleep(GUARD)  # the records just handed over, written by Kafka
+                result, events = window(broker, key, s.duration)
+                out.results.setdefault((key, side), []).append(result)
+                out.written.setdefault((key, side), []).append(events)
+            progress(f"{key}, round {r + 1}: " + ", ".join(
+                f"{side} {out.results[(key, side)][-1].delivered:,.0f}/s" for side in SIDES
+            ))  # fmt: skip
+    finally:
+        load.join()
+
+
+def begun(broker: Broker, timeout: float) -> None:
+    """Once the load's first connections reached the nodes."""
+    first = opened(broker)
+    deadline = time.monotonic() + timeout
+    while opened(broker) == first:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the load never connected")
+        time.sleep(0.05)
+
+
+def window(broker: Broker, key: str, seconds: float) -> tuple[Result, int]:
+    """``seconds`` of the running load: CONNECTs (a second, and how many), the nodes' CPU a
+    CONNECT, Kafka's share of a core; and the client events written, counted ``LAG`` later (a
+    node hands events over together every ``LAG``: a window holds a hand-over more or less)."""
+    node, services = Meter(broker.pids, tree_cpu_seconds), Meter(broker.services)
+    connects, since = opened(broker), time.monotonic()
+    time.sleep(LAG)
+    events = written(broker)
+    time.sleep(max(0.0, since + seconds - time.monotonic()))
+    connects, took = opened(broker) - connects, time.monotonic() - since
+    cpu, shares = sum(node.used()), [used / took for used in services.used()]
+    time.sleep(LAG)
+    events = written(broker) - events
+    result = Result(key, broker.name, delivered=connects / took, cycles=connects)
+    result.cpu_us, result.services_cpu = cpu / max(1, connects) * 1e6, shares
+    return result, events
+
+
+def opened(broker: Broker) -> int:
+    """MQTT connections the nodes have opened so far (one a CONNECT cycle)."""
+    return sum(int(node_stats(url)["connections_opened"]) for url in broker.stats)
 
 
 def switch(broker: Broker, settings: Path, on: bool) -> None:
@@ -128,18 +180,6 @@ def switch(broker: Broker, settings: Path, on: bool) -> None:
 def written(broker: Broker) -> int:
     """Client events the nodes have handed to the log so far."""
     return sum(int(node_stats(url)["client_events_written"]) for url in broker.stats)
-
-
-def handed_over(broker: Broker) -> int:
-    """:func:`written` once the events of a run's last cycles went too: the count once it held
-    ``HELD`` seconds (or after ``SWITCH_TIMEOUT``)."""
-    deadline = time.monotonic() + SWITCH_TIMEOUT
-    last, since = written(broker), time.monotonic()
-    while time.monotonic() - since <= HELD and time.monotonic() < deadline:
-        time.sleep(0.1)
-        if (now := written(broker)) != last:
-            last, since = now, time.monotonic()
-    return last
 
 
 def ratios(run: Run, key: str, over: str = "off", figure: str = "delivered") -> list[float]:
@@ -161,18 +201,18 @@ def interval(values: list[float], seed: int = 0) -> tuple[float, float]:
     return means[int(0.025 * RESAMPLES)], means[int(0.975 * RESAMPLES) - 1]
 
 
-def side_cell(results: list[Result], written: list[float]) -> str:
-    """Medians over the rounds: CONNECT/s, the node's CPU a cycle, Kafka's share of a core, the
-    client events written a cycle."""
+def side_cell(results: list[Result], written: list[int]) -> str:
+    """Medians over the rounds: CONNECT/s, the node's CPU a cycle, Kafka's share of a core; and
+    the client events written in all its windows (none: the switch held)."""
     if not results:
         return "-"
     rate = statistics.median(r.delivered for r in results)
     node = statistics.median(r.cpu_us for r in results)
     kafka = statistics.median(r.services_cpu[0] if r.services_cpu else 0.0 for r in results)
-    events = statistics.median(written) if written else 0.0
+    cycles = sum(r.cycles for r in results)
     return (
         f"{rate:,.0f} per s, node {node:.0f} us a cycle, Kafka {100 * kafka:.1f}% of a core, "
-        f"{events:.2f} events a cycle"
+        f"{sum(written):,} events written in {cycles:,} CONNECTs"
     )
 
 
@@ -225,15 +265,17 @@ def render(run: Run) -> str:
         "",
         *table(head, rows),
         "",
-        "How it ran: one cluster whose node's settings file each run sets to events on, off, or "
-        "on again (the control: how far two runs of one side differ), applied by SIGHUP and "
-        "checked in `/stats`; its Kafka warmed first as the throughput table's is "
-        f"({run.warmed:.0f} s); then {run.rounds} rounds of the scenarios, the sides taking turns "
-        f"(which goes first rotating every round), each run {s.warmup:g} s of warm-up and "
-        f"{s.duration:g} s measured after the machine went idle. Cells: medians over the rounds; "
-        "Kafka's share of a core over the measured window; the events the node wrote a cycle "
-        "(`client_events_written` in `/stats`). Ratios: the geometric mean of the rounds' own "
-        f"ratios, with its 95% bootstrap interval ({RESAMPLES:,} resamples of the rounds). The "
-        "load generator is `bench/load.py`, as in the throughput table.",
+        "How it ran: one cluster of one node, its Kafka warmed first as the throughput table's "
+        f"is ({run.warmed:.0f} s); per scenario one load run cut into {run.rounds} rounds of "
+        f"three windows of {s.duration:g} s, events on, off and on again (the control: how far "
+        "two windows of one side differ), switched by SIGHUP (the node's settings file) and "
+        f"checked in `/stats`, each window {GUARD:g} s after its switch, which side goes first "
+        "rotating every round. Cells: medians over the rounds of CONNECT/s, the node's CPU a "
+        "CONNECT and Kafka's share of a core; the events the node wrote in all its windows, "
+        f"counted {LAG:g} s later than the CONNECTs (`client_events_written` in `/stats`; a node "
+        "hands its events over together twice a second, so a window's count holds a hand-over "
+        "more or less). Ratios: the geometric mean of the "
+        f"rounds' own ratios, with its 95% bootstrap interval ({RESAMPLES:,} resamples of the "
+        "rounds). The load generator is `bench/load.py`, as in the throughput table.",
     ]
     return wrap("events", lines)

@@ -75,7 +75,8 @@ class Result:
     delivered: float = 0.0
     """Per second: messages at the subscribers, or CONNECT cycles completed."""
     cycles: int = 0
-    """CONNECT cycles completed in the whole run (warm-up, window and after)."""
+    """CONNECT cycles completed in the whole run (warm-up, window and after); ``bench.events``:
+    CONNECTs in its window."""
     offered: float = 0.0
     sent: int = 0
     lost: int = 0

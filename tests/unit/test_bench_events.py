@@ -10,7 +10,10 @@ from bench.throughput import Result, Settings
 
 
 def results(key: str, side: str, rates: list[float], cpu_us: float = 600.0) -> list[Result]:
-    return [Result(key, side, delivered=r, cpu_us=cpu_us, services_cpu=[0.2, 0.1]) for r in rates]
+    return [
+        Result(key, side, delivered=r, cycles=int(3 * r), cpu_us=cpu_us, services_cpu=[0.2, 0.1])
+        for r in rates
+    ]
 
 
 def a_run(on: list[float], off: list[float], control: list[float] | None = None) -> Run:
@@ -18,8 +21,10 @@ def a_run(on: list[float], off: list[float], control: list[float] | None = None)
     run.results[("connect-clean", "on")] = results("connect-clean", "on", on, 630.0)
     run.results[("connect-clean", "off")] = results("connect-clean", "off", off)
     run.results[("connect-clean", "control")] = results("connect-clean", "control", control or on)
-    run.written = {("connect-clean", side): [2.0, 2.0] for side in ("on", "control")}
-    run.written[("connect-clean", "off")] = [0.0, 0.0]
+    cycles = [int(3 * r) for r in on]
+    run.written = {("connect-clean", "on"): [2 * cycles[0] - 600, 2 * cycles[1] + 600]}
+    run.written[("connect-clean", "control")] = [2 * int(3 * r) for r in control or on]
+    run.written[("connect-clean", "off")] = [0, 0]
     return run
 
 
@@ -50,9 +55,12 @@ def test_the_section_shows_every_side_and_the_ratios() -> None:
     assert section.startswith("<!-- events:begin -->") and "<!-- events:end -->" in section
     row = next(line for line in section.splitlines() if line.startswith("| CONNECT then"))
     cells = [cell.strip() for cell in row.split("|")[2:-1]]
-    assert cells[0] == "975 per s, node 630 us a cycle, Kafka 20.0% of a core, 2.00 events a cycle"
+    assert cells[0] == (
+        "975 per s, node 630 us a cycle, Kafka 20.0% of a core, 11,700 events written in 5,850 "
+        "CONNECTs"
+    )
     assert cells[1].startswith("1,000 per s, node 600 us a cycle")
-    assert cells[1].endswith("0.00 events a cycle")
+    assert cells[1].endswith(" 0 events written in 6,000 CONNECTs")
     assert cells[2].startswith("975 per s")
     assert cells[3] == "0.975 (95%: 0.950-1.000, 2 rounds)"
     assert cells[4].startswith("1.000 (95%: 0.950-1.05")
