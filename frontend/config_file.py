@@ -11,6 +11,8 @@ and a flag given on the command line overrides it as any default.  Values go on 
 (:class:`frontend.config.FileValue`, remembering ``key in FILE``), so the checks and their
 messages are those of flags and variables.
 
+:func:`reread` reads them again for a SIGHUP (``frontend.node.Node.reload``).
+
 ``python -m frontend.config_file`` prints the commented example (``docs/headwater.example.toml``:
 every key, its default and what it does); ``--readme`` prints the README's table of settings;
 ``--write`` rewrites both files.  A unit test keeps each equal to what is rendered here.
