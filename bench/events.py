@@ -183,8 +183,8 @@ def written(broker: Broker) -> int:
 
 
 def ratios(run: Run, key: str, over: str = "off", figure: str = "delivered") -> list[float]:
-    """A round's ``figure`` (CONNECT/s; ``cpu_us``: the node's CPU a cycle) with events over
-    the same round's on side ``over``, round by round."""
+    """Each round's ``figure`` (CONNECT/s; ``cpu_us``: the node's CPU a cycle) of the on side
+    over the same round's side ``over``."""
     on, off = run.results.get((key, "on"), []), run.results.get((key, over), [])
     pairs = [(getattr(a, figure), getattr(b, figure)) for a, b in zip(on, off, strict=True)]
     return [a / b for a, b in pairs if b]
