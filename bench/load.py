@@ -96,8 +96,6 @@ class Report:
     received_window: int = 0
     done_window: int = 0
     """churn: cycles completed in the window."""
-    done: int = 0
-    """churn: cycles completed in the whole run."""
     latencies: list[float] = field(default_factory=list)
     """Seconds, send -> receive, of stamped messages sent in the window."""
     acked: dict[int, set[int]] = field(default_factory=dict)
@@ -108,7 +106,7 @@ class Report:
     errors: list[str] = field(default_factory=list)
 
     def merge(self, other: Report) -> None:
-        for name in ("sent", "sent_window", "received", "received_window", "done_window", "done"):
+        for name in ("sent", "sent_window", "received", "received_window", "done_window"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.duplicates += other.duplicates
         self.behind += other.behind
@@ -329,7 +327,6 @@ async def churn(role: Role, t: Timing, report: Report) -> None:
             except (OSError, RuntimeError, TimeoutError) as exc:
                 report.errors.append(f"{type(exc).__name__}: {exc}")
                 continue
-            report.done += 1
             report.done_window += t.measure_from <= time.monotonic() < t.end
 
     await asyncio.sleep(max(0.0, t.start - time.monotonic()))
