@@ -39,6 +39,7 @@ from frontend.listeners import (
     tls_context,
 )
 from frontend.proxy_protocol import (
+    ANSWERS_KEPT,
     LOOPBACK,
     PROXY_V2_SIGNATURE,
     AllowList,
@@ -561,6 +562,15 @@ def test_the_proxy_allow_list_takes_networks_and_addresses() -> None:
             AllowList.parse(bad)
 
 
+def test_the_proxy_allow_list_keeps_a_bounded_number_of_answers() -> None:
+    allow = AllowList.parse("10.0.0.0/8")
+    for i in range(ANSWERS_KEPT + 100):  # a peer for every address: the answers stay bounded
+        assert allow.allows(str(ipaddress.IPv4Address(0x0A000000 + i)))
+    assert len(allow._answers) == ANSWERS_KEPT
+    assert not allow.allows("192.0.2.1") and allow.allows("10.0.0.1")
+    assert allow == AllowList.parse("10.0.0.0/8")  # what it has seen is not part of its value
+
+
 class Peer(FakeTransport):
     def __init__(self, host: str) -> None:
         super().__init__()
@@ -587,6 +597,7 @@ async def test_a_peer_outside_the_allow_list_is_closed_at_accept_counted_and_log
         "192.0.2.1:40000",
         "192.0.2.2:40000",
     ]
+    assert "believed only from 10.0.0.0/8 (--proxy-allow)" in caplog.records[0].getMessage()
     allowed = Peer("10.0.0.9")
     arrival(doors, "mqtt").connection_made(allowed)  # type: ignore[arg-type]
     assert not allowed.closed and len(doors.arriving) == 1

@@ -185,7 +185,7 @@ FORGERY = "a\n2030-01-01 00:00:00,000 WARNING headwater.node: node draining\r\x1
 
 
 def test_control_characters_in_a_text_line_are_escaped() -> None:
-    line = TextFormatter(TEXT_FORMAT).format(forged(FORGERY))
+    line = TextFormatter().format(forged(FORGERY))
     assert "\n" not in line and "\r" not in line and "\x1b" not in line
     assert "\u2028" not in line and "\x85" not in line
     assert "client a\\n2030-01-01 00:00:00,000 WARNING" in line
@@ -194,13 +194,21 @@ def test_control_characters_in_a_text_line_are_escaped() -> None:
     )
 
 
+def test_a_text_line_is_what_logging_writes_with_the_format() -> None:
+    general, ours = logging.Formatter(TEXT_FORMAT), TextFormatter()
+    for created in (1795838297.064, 1795838297.999, 1795838298.0, 1795838297.5):
+        record = forged("dev-1")
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        assert ours.format(record) == general.format(record)
+
+
 def test_escaping_leaves_the_record_and_tracebacks_alone() -> None:
     record = forged(FORGERY)
     try:
         raise ValueError("boom")
     except ValueError:
         record.exc_info = sys.exc_info()
-    text = TextFormatter(TEXT_FORMAT).format(record)
+    text = TextFormatter().format(record)
     assert "\nTraceback (most recent call last):\n" in text  # the node's own lines
     assert text.split("\n")[0].endswith("the first packet must be CONNECT")
     assert record.message == record.getMessage()  # other handlers see what was logged
