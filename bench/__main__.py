@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-write", action="store_true", help="print the report only")
     p.add_argument("--work-dir", type=Path, help="logs and cluster state here [a temp dir]")
     t = p.add_argument_group("throughput")
-    t.add_argument("--scenarios", default="all", help=f"of {', '.join(throughput.SCENARIOS)}")
+    t.add_argument("--scenarios", default="all", help=f"of {', '.join(throughput.SCENARIOS)} "
+                   f"(events: of {', '.join(events.KEYS)})")  # fmt: skip
     t.add_argument("--duration", type=float, default=10.0, help="measured seconds per run [10]")
     t.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per run [2]")
     t.add_argument("--kafka-warmup", type=float, default=20.0, help="Kafka warm-up seconds [20]")
@@ -147,7 +148,12 @@ def run_command(
     if command == "events":
         rounds = 1 if args.quick else args.runs or 40
         settled = throughput_settings(args)
-        return events.render(events.run(work, settled, rounds, hw, line, progress))
+        keys = (
+            events.KEYS
+            if args.scenarios == "all"
+            else choose(args.scenarios, events.KEYS, "scenarios")
+        )
+        return events.render(events.run(work, settled, rounds, hw, line, progress, tuple(keys)))
     if command == "history":
         messages = 50_000 if args.quick else args.history
         return history.render(history.run(work, hw, line, progress, messages))

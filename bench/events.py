@@ -13,11 +13,12 @@ CONNECT/s by about 8% from the next run's (earlier versions of this tool), while
 
 Reported per scenario: each side's median CONNECT/s, the node's CPU a CONNECT and the share of a
 core Kafka used, and the events written in its windows (``client_events_written``); the ratios
-on / off and on / control as the geometric mean of the rounds' own ratios, with a 95% bootstrap
-interval; and issue 24's verdict (CONNECT/s must not fall by more than 5%): shown when the whole
-interval of on / off lies at or above 0.95.  At full load the node, its Kafka, Redis and the
-load generator share the machine's cores: what Kafka spends writing the events is taken from the
-node there, as it would not be on a cluster whose Kafka runs elsewhere.
+on / off (a round's two windows with events, on and control, against its window without) and
+on / control (the measurement's own spread) as the geometric mean of the rounds' own ratios,
+with a 95% bootstrap interval; and issue 24's verdict (CONNECT/s must not fall by more than 5%):
+shown when the whole interval of on / off lies at or above 0.95.  At full load the node, its
+Kafka, Redis and the load generator share the machine's cores: what Kafka spends writing the
+events is taken from the node there, as it would not be on a cluster whose Kafka runs elsewhere.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class Run:
     settings: Settings
     rounds: int
     command: str
+    keys: tuple[str, ...] = KEYS
+    """The scenarios run (``--scenarios``), of :data:`KEYS`."""
     headwater: str = ""
     started: datetime.datetime = field(default_factory=lambda: datetime.datetime.now(datetime.UTC))
     seconds: float = 0.0
@@ -88,8 +91,9 @@ def run(
     headwater: brokers.Headwater,
     command: str,
     progress: Callable[[str], None],
+    keys: tuple[str, ...] = KEYS,
 ) -> Run:
-    out = Run(s, rounds, command, headwater.version)
+    out = Run(s, rounds, command, keys, headwater.version)
     started = time.monotonic()
     settings = work / "events.toml"
     settings.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +104,7 @@ def run(
         broker = headwater.start(work, stack, env={"HEADWATER_CONFIG": str(settings)})
         progress(f"up on {broker.endpoints[0].port}; warming its Kafka")
         out.warmed = throughput.warm_kafka(broker, s.kafka_warmup)[0]
-        for n, key in enumerate(KEYS):
+        for n, key in enumerate(keys):
             switch(broker, settings, True)
             settle([*broker.pids, *broker.services], SETTLED_CPU, s.settle_max)
             windows(out, broker, settings, key, 1000 * (n + 1), progress)
@@ -186,10 +190,20 @@ def written(broker: Broker) -> int:
 
 
 def ratios(run: Run, key: str, over: str = "off", figure: str = "delivered") -> list[float]:
-    """Each round's ``figure`` (CONNECT/s; ``cpu_us``: the node's CPU a cycle) of the on side
-    over the same round's side ``over``."""
-    on, off = run.results.get((key, "on"), []), run.results.get((key, over), [])
-    pairs = [(getattr(a, figure), getattr(b, figure)) for a, b in zip(on, off, strict=True)]
+    """Each round's ``figure`` (CONNECT/s; ``cpu_us``: the node's CPU a cycle) with events over
+    the same round's side ``over``: against off, both windows with events (on and control, the
+    geometric mean of the two: the round's every measurement of the side); against control, on
+    alone (two windows of one side: the measurement's own spread)."""
+    on, again = run.results.get((key, "on"), []), run.results.get((key, "control"), [])
+    under = run.results.get((key, over), [])
+    if over == "control":
+        tops = [getattr(a, figure) for a in on]
+    else:
+        tops = [
+            math.sqrt(getattr(a, figure) * getattr(b, figure))
+            for a, b in zip(on, again, strict=True)
+        ]
+    pairs = zip(tops, (getattr(b, figure) for b in under), strict=True)
     return [a / b for a, b in pairs if b]
 
 
@@ -253,7 +267,7 @@ def render(run: Run) -> str:
            for side in SIDES),
          ratio_cell(run, key), ratio_cell(run, key, "control"), cpu_ratio_cell(run, key),
          verdict(run, key)]
-        for key in KEYS
+        for key in run.keys
     ]  # fmt: skip
     lines = [
         "## Client events' cost a CONNECT (issue 24)",
@@ -277,8 +291,10 @@ def render(run: Run) -> str:
         "CONNECT and Kafka's share of a core; the events the node wrote in all its windows, "
         f"counted {LAG:g} s later than the CONNECTs (`client_events_written` in `/stats`; a node "
         "hands its events over together twice a second, so a window's count holds a hand-over "
-        "more or less). Ratios: the geometric mean of the "
-        f"rounds' own ratios, with its 95% bootstrap interval ({RESAMPLES:,} resamples of the "
-        "rounds). The load generator is `bench/load.py`, as in the throughput table.",
+        "more or less). Ratios: the geometric mean of the rounds' own ratios (on / off: the "
+        "round's two windows with events, on and control, against its window without; on / "
+        f"control: two windows of one side), with its 95% bootstrap interval ({RESAMPLES:,} "
+        "resamples of the rounds). The load generator is `bench/load.py`, as in the throughput "
+        "table.",
     ]
     return wrap("events", lines)
