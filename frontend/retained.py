@@ -25,7 +25,8 @@ Refusals are counted and logged at most once a minute.
 
 *Reading.*  :meth:`RetainedStore.scan` yields the messages a filter matches in batches of about
 :data:`BATCH` messages (and :data:`BATCH_BYTES`), reading the store a batch at a time: a wildcard
-filter never holds the whole store in memory.
+filter never holds the whole store in memory.  A filter without wildcards reads its one topic,
+with the other such reads of the loop's turn, in one round trip (``router.batching``).
 
 *Redis* (``P`` the prefix, ``{rb}`` the hash tag of a routing key's bucket ``b = crc32(rk) %
 BUCKETS``: every key of a bucket shares one Redis Cluster slot, and one script updates them all):
@@ -58,10 +59,12 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from frontend.redis_clients import pipeline
 from frontend.sessions.redis import DEFAULT_PREFIX, RedisClient
 from mqttcore import topics
 from mqttcore.message import Message
 from router import record
+from router.batching import Batch
 from router.partitioner import routing_key
 from router.record import Record
 
@@ -331,6 +334,7 @@ class RedisRetainedStore:
         self.totals = Totals()
         self._summing = asyncio.Lock()
         self._apply = client.register_script(_APPLY_RETAINED)
+        self._reads: Batch[tuple[str, str, str], tuple[Any, Any]] = Batch(self._read_topics)
 
     def _bucket_key(self, bucket: int, name: str) -> str:
         return f"{self.prefix}retained:{{r{bucket}}}:{name}"
@@ -400,11 +404,28 @@ class RedisRetainedStore:
 
     async def _read_topic(self, topic: str) -> Record | None:
         _, _, keys = self._keys(topic)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(keys[0], topic)
-        pipe.hget(keys[1], topic)
-        place, value = await pipe.execute()
+        place, value = await self._reads((keys[0], keys[1], topic))
         return None if place is None or value is None else _record(place, value)
+
+    async def _read_topics(
+        self, reads: list[tuple[str, str, str]]
+    ) -> list[tuple[Any, Any] | BaseException]:
+        """The topics read during one turn of the loop, in one round trip (``router.batching``):
+        a SUBSCRIBE to a topic without wildcards reads its retained message, and in a storm of
+        them redis-py's pipeline per read was 16% of the node's loop (``python -m bench
+        throughput --scenarios connect-sub-clean`` under py-spy).  Per read, its place and
+        record, or the error either got."""
+        commands = [
+            command
+            for places, records, topic in reads
+            for command in (("HGET", places, topic), ("HGET", records, topic))
+        ]
+        replies = await pipeline(self.redis, commands)
+        answers: list[tuple[Any, Any] | BaseException] = []
+        for place, value in zip(replies[0::2], replies[1::2], strict=True):
+            error = next((r for r in (place, value) if isinstance(r, BaseException)), None)
+            answers.append((place, value) if error is None else error)
+        return answers
 
     def _key_of(self, routing: str, kind: str) -> str:
         return self._bucket_key(zlib.crc32(routing.encode()) % BUCKETS, f"{kind}:{routing}")

@@ -185,3 +185,20 @@ async def test_the_totals_follow_every_kind_of_write_and_an_unchanged_size_costs
         await store.apply(message("a/1/s", b"BACK"), 0, 6)
         after = int((await client.info("stats"))["total_commands_processed"])
         assert after - before - 1 == 4  # less our INFO: EVALSHA, HGET, HSET, HSET
+
+
+@pytest.mark.parametrize("kind", REDIS_KINDS)
+async def test_topics_read_at_once_each_get_their_own_message(
+    kind: str, open_redis: OpenRedis, redis_prefix: str
+) -> None:
+    """A storm of SUBSCRIBEs to plain topics: their reads go together, each answered apart."""
+    store = RedisRetainedStore(open_redis(kind), 2, redis_prefix)
+    kept = [f"fleet/dev{i}/state" for i in range(0, 300, 2)]
+    await apply_all(store, kept, b"up", 5)
+    asked = [f"fleet/dev{i}/state" for i in range(300)]
+    found = await asyncio.gather(*(store.match(topic) for topic in asked))
+    for topic, records in zip(asked, found, strict=True):
+        if topic in kept:
+            assert [(r.message.topic, r.message.payload) for r in records] == [(topic, b"up")]
+        else:
+            assert records == []
