@@ -21,13 +21,17 @@ machine).  A CONNECT and its DISCONNECT make five such requests (most of a quiet
 so :func:`pipeline` sends a batch on one pooled connection of a single Redis itself (what a
 pipeline does underneath: one write, one reply read per command, an error reply answering its
 own command), again once on a fresh connection if the pooled one was dead, as the client's
-retry policy does (a timeout is not tried again).  A cluster's batches go through redis-py's
-cluster pipeline, which routes each command to its slot's node.
+retry policy does (a timeout is not tried again), its replies read within one socket timeout
+for them all.  A :class:`Lane` keeps its pooled connection from one batch to the next (the
+session store's and the retained store's batches of a loop turn, ``router.batching``), as the
+pool's checkout costs more than a small batch's round trip.  A cluster's batches go through
+redis-py's cluster pipeline, which routes each command to its slot's node.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from typing import Any, TypeVar, cast
 
@@ -39,6 +43,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 REDIS_WAIT = 10.0
 """Seconds a request waits for a free Redis connection before it counts as Redis unavailable."""
@@ -139,16 +144,66 @@ async def pipeline(
         await pool.release(connection)
 
 
+class Lane:
+    """A pooled connection kept between the round trips of one kind of batch
+    (``router.batching`` sends one batch of a kind at a time): redis-py's blocking pool costs,
+    at every checkout and return, a condition, a timeout, its observability hooks and a check
+    that the connection has nothing to read (about 6% of the loop in a storm of
+    CONNECT+SUBSCRIBE, under py-spy).  A send while the kept connection is busy takes one from
+    the pool (:func:`pipeline`); a failed round trip closes the kept one and gives it back.  A
+    cluster's batches go through its pipeline, as :func:`pipeline` sends them."""
+
+    def __init__(self, client: aioredis.Redis | RedisCluster) -> None:
+        self.client = client
+        self._connection: AbstractConnection | None = None
+        self._busy = False
+
+    async def send(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """As :func:`pipeline`: per command its reply or its error reply; a connection error
+        or timeout raises, for them all."""
+        client = self.client
+        if self._busy or not commands or isinstance(client, RedisCluster):
+            return await pipeline(client, commands)
+        self._busy = True
+        try:
+            connection = self._connection
+            if connection is None:
+                connection = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+                self._connection = connection
+            try:
+                try:
+                    return await _round_trip(connection, commands)
+                except RedisConnectionError:
+                    await connection.disconnect()  # closed by Redis (a restart): once more
+                    return await _round_trip(connection, commands)
+            except BaseException:
+                self._connection = None
+                await connection.disconnect()  # replies may still be on their way
+                await client.connection_pool.release(connection)
+                raise
+        finally:
+            self._busy = False
+
+
 async def _round_trip(
     connection: AbstractConnection, commands: Sequence[Sequence[Any]]
 ) -> list[Any]:
+    """One write, then the replies within one socket timeout: redis-py's ``read_response``
+    sets an ``asyncio.timeout`` of its own for each reply (about 5% of the loop in a storm of
+    CONNECT+SUBSCRIBE, under py-spy), where one deadline serves the batch."""
     await connection.send_packed_command(connection.pack_commands(commands))
     replies: list[Any] = []
-    for _ in commands:
-        try:
-            replies.append(await connection.read_response())
-        except ResponseError as error:
-            replies.append(error)
+    try:
+        async with asyncio.timeout(connection.socket_timeout):
+            for _ in commands:
+                try:
+                    replies.append(await connection.read_response(timeout=math.inf))
+                except ResponseError as error:
+                    replies.append(error)
+    except TimeoutError:  # the connection was closed by read_response as it was cancelled
+        raise RedisTimeoutError(
+            f"Redis did not answer within {connection.socket_timeout} s"
+        ) from None
     return replies
 
 

@@ -59,7 +59,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from frontend.redis_clients import pipeline
+from frontend.redis_clients import Lane
 from frontend.sessions.redis import DEFAULT_PREFIX, RedisClient
 from mqttcore import topics
 from mqttcore.message import Message
@@ -334,6 +334,7 @@ class RedisRetainedStore:
         self.totals = Totals()
         self._summing = asyncio.Lock()
         self._apply = client.register_script(_APPLY_RETAINED)
+        self._lane = Lane(client)
         self._reads: Batch[tuple[str, str, str], tuple[Any, Any]] = Batch(self._read_topics)
 
     def _bucket_key(self, bucket: int, name: str) -> str:
@@ -420,7 +421,7 @@ class RedisRetainedStore:
             for places, records, topic in reads
             for command in (("HGET", places, topic), ("HGET", records, topic))
         ]
-        replies = await pipeline(self.redis, commands)
+        replies = await self._lane.send(commands)
         answers: list[tuple[Any, Any] | BaseException] = []
         for place, value in zip(replies[0::2], replies[1::2], strict=True):
             error = next((r for r in (place, value) if isinstance(r, BaseException)), None)

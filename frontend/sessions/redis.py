@@ -87,7 +87,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from frontend.redis_clients import pipeline
+from frontend.redis_clients import Lane
 from frontend.sessions.store import DEFAULT_EXPIRY, Acquired, Busy, Lease, NotOwner
 from mqttcore.session import StoredOutbound, StoredSession
 from router.batching import Batch
@@ -349,6 +349,7 @@ class RedisSessionStore:
         self._disown = self._script(_DISOWN)
         self._checkpoint = self._script(_CHECKPOINT)
         self._cluster = isinstance(client, RedisCluster)
+        self._lane = Lane(client)
         self._turn: Batch[Command, Any] = Batch(self._send)
         """What the CONNECTs and DISCONNECTs of one loop turn ask (list, acquire, own, keep the
         will, save, release, disown): one round trip for them all, whatever they ask."""
@@ -544,12 +545,12 @@ class RedisSessionStore:
         """``commands`` in one round trip (one per Redis server); per command, its answer or its
         error.  EVALSHA does not load a missing script, so one that a server lost (a restart)
         is loaded and the commands that missed it sent again."""
-        answers = await pipeline(self.redis, commands)
+        answers = await self._lane.send(commands)
         missed = [i for i, answer in enumerate(answers) if isinstance(answer, NoScriptError)]
         if missed:
             for sha in {commands[i][1] for i in missed}:
                 await self.redis.script_load(self._sources[sha])
-            again = await pipeline(self.redis, [commands[i] for i in missed])
+            again = await self._lane.send([commands[i] for i in missed])
             for i, answer in zip(missed, again, strict=True):
                 answers[i] = answer
         return answers
