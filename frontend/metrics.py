@@ -45,7 +45,7 @@ class Traffic:
 
 
 COUNTERS = {
-    "records_fetched": "Records the node's live reader fetched from the log.",
+    "records_fetched": "Records the node fetched from the log: live, catch-up and share groups.",
     "bytes_fetched": "Bytes of those records.",
     "records_dispatched": "Records the dispatcher matched against local subscriptions.",
     "messages_delivered": "Messages handed to local clients (live, catch-up, retained, shared).",
