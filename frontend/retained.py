@@ -83,6 +83,10 @@ BATCH = 100
 """Messages per batch that :meth:`RetainedStore.scan` yields, and per Redis read."""
 BATCH_BYTES = 1 << 20
 """Bytes of records per Redis read of a scan (one larger record is read alone)."""
+READS_AT_ONCE = 16
+"""Plain topics read in one round trip at most: a retained record may be as large as a packet
+(16 MiB), and a storm of SUBSCRIBEs to one large retained message must not read thousands of
+copies at once (one a pooled Redis connection, 50, before the reads went together)."""
 BUCKETS = 128
 """Buckets of routing keys (each a Redis Cluster slot): changing it is a migration."""
 TOTALS_FRESH = 1.0
@@ -335,7 +339,9 @@ class RedisRetainedStore:
         self._summing = asyncio.Lock()
         self._apply = client.register_script(_APPLY_RETAINED)
         self._lane = Lane(client)
-        self._reads: Batch[tuple[str, str, str], tuple[Any, Any]] = Batch(self._read_topics)
+        self._reads: Batch[tuple[str, str, str], tuple[Any, Any]] = Batch(
+            self._read_topics, READS_AT_ONCE
+        )
 
     def _bucket_key(self, bucket: int, name: str) -> str:
         return f"{self.prefix}retained:{{r{bucket}}}:{name}"

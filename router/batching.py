@@ -8,7 +8,8 @@ trip, which was most of a CONNECT's cost.  A :class:`Batch` collects the calls o
 iteration and sends them as one request (a pipeline, one ListOffsets), then hands each caller its
 own answer or its own error.  One batch of a kind is in flight at a time: calls made meanwhile
 wait for it and go in the next, so batches grow with the load (as Nagle's algorithm does), and a
-quiet node sends each call at once.
+quiet node sends each call at once.  A batch may be bounded (``most``: what its answers may hold
+in memory at once); the calls beyond it wait for the next.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ Send = Callable[[list[T]], Awaitable[list[R | BaseException]]]
 class Batch(Generic[T, R]):
     """One kind of call, coalesced per loop iteration."""
 
-    def __init__(self, send: Send[T, R]) -> None:
+    def __init__(self, send: Send[T, R], most: int | None = None) -> None:
         self._send = send
+        self._most = most
+        """Calls a batch takes at most (None: all that wait)."""
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
         self._sending: asyncio.Task[None] | None = None
         self._scheduled = False
@@ -50,7 +53,11 @@ class Batch(Generic[T, R]):
         self._scheduled = False
         if self._sending is not None or not self._waiting:
             return
-        batch, self._waiting = self._waiting, []
+        most = self._most
+        if most is None or len(self._waiting) <= most:
+            batch, self._waiting = self._waiting, []
+        else:
+            batch, self._waiting = self._waiting[:most], self._waiting[most:]
         self._sending = asyncio.get_running_loop().create_task(self._deliver(batch))
         self._sending.add_done_callback(self._sent)
 

@@ -71,3 +71,11 @@ async def test_calls_submitted_one_after_the_other_go_out_together_in_that_order
     first, second = batch.submit(7), batch.submit(3)  # no await between: one batch
     assert (await second, await first) == (6, 14)
     assert recorder.batches == [[7, 3]]
+
+
+async def test_a_bounded_batch_takes_its_most_and_the_rest_go_in_the_next() -> None:
+    recorder = Recorder()
+    batch: Batch[int, int] = Batch(recorder.send, most=2)
+    recorder.release.set()
+    assert await asyncio.gather(*(batch(n) for n in range(5))) == [0, 2, 4, 6, 8]
+    assert recorder.batches == [[0, 1], [2, 3], [4]]
