@@ -132,11 +132,7 @@ async def pipeline(
     pool = client.connection_pool
     connection = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
-        try:
-            return await _round_trip(connection, commands)
-        except RedisConnectionError:
-            await connection.disconnect()  # a connection Redis closed (a restart): once more
-            return await _round_trip(connection, commands)
+        return await _round_trip_once_more(connection, commands)
     except BaseException:
         await connection.disconnect()  # replies may still be on their way: never reuse it
         raise
@@ -171,11 +167,7 @@ class Lane:
                 connection = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
                 self._connection = connection
             try:
-                try:
-                    return await _round_trip(connection, commands)
-                except RedisConnectionError:
-                    await connection.disconnect()  # closed by Redis (a restart): once more
-                    return await _round_trip(connection, commands)
+                return await _round_trip_once_more(connection, commands)
             except BaseException:
                 self._connection = None
                 await connection.disconnect()  # replies may still be on their way
@@ -183,6 +175,18 @@ class Lane:
                 raise
         finally:
             self._busy = False
+
+
+async def _round_trip_once_more(
+    connection: AbstractConnection, commands: Sequence[Sequence[Any]]
+) -> list[Any]:
+    """:func:`_round_trip`, again once on the connection made anew if Redis had closed it (a
+    restart)."""
+    try:
+        return await _round_trip(connection, commands)
+    except RedisConnectionError:
+        await connection.disconnect()
+        return await _round_trip(connection, commands)
 
 
 async def _round_trip(
