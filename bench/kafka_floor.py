@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from bench.measure import percentile
+from bench.measure import Steal, percentile
 
 TOPIC = "bench.kafka-floor"
 TIMEOUT = 10.0
@@ -31,6 +31,8 @@ class Floor:
     received: int
     p50_ms: float
     p99_ms: float
+    stolen: float = 0.0
+    """The share of the machine's CPU time its hypervisor took meanwhile (``bench.measure``)."""
 
 
 def measure(bootstrap: str, rate: float, seconds: float) -> Floor:
@@ -51,6 +53,7 @@ def measure(bootstrap: str, rate: float, seconds: float) -> Floor:
     latencies: list[float] = []
     reader = threading.Thread(target=_read, args=(consumer, count, latencies), daemon=True)
     reader.start()
+    stolen = Steal()
     try:
         start = time.monotonic()
         for i in range(count):
@@ -63,7 +66,9 @@ def measure(bootstrap: str, rate: float, seconds: float) -> Floor:
         reader.join(2 * TIMEOUT)  # it gives up after TIMEOUT without a record
     finally:
         consumer.close()
-    return Floor(count, len(latencies), percentile(latencies, 50), percentile(latencies, 99))
+    return Floor(
+        count, len(latencies), percentile(latencies, 50), percentile(latencies, 99), stolen.share()
+    )
 
 
 def _create_topic(admin: AdminClient) -> None:

@@ -12,16 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from bench import brokers, mqtt
+from bench import brokers, kafka_floor, mqtt
 from bench.__main__ import COMMANDS, build_parser
 from bench.load import Report, Role
-from bench.measure import jit_seconds
+from bench.measure import Steal, jit_seconds, stolen_share
 from bench.throughput import (
     SCENARIOS,
     Result,
     Run,
     Settings,
     account,
+    floor_text,
     measure,
     render,
     warmed,
@@ -202,3 +203,28 @@ def test_the_report_says_how_long_kafka_was_warmed_and_how_quiet_its_jit_was() -
     assert "still compiling" not in warmed(warm)
     assert "still compiling at WARM_MAX" in warmed(Run(Settings(), "cmd", warmed=(181.0, 0.2)))
     assert warmed(Run(Settings(), "cmd")) == "Kafka not warmed up"
+
+
+def test_stolen_time_is_steal_over_all_of_the_machines_cpu_time() -> None:
+    before = "cpu  100 0 50 800 10 0 5 35 7 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n"
+    after = "cpu  200 0 100 900 10 0 5 85 9 0\ncpu0 99 0 49 450 5 0 2 43 0 0\n"
+    assert stolen_share(before, after) == 50 / 300  # guest (7 -> 9) is inside user already
+    assert stolen_share(before, before) == 0.0
+    assert 0.0 <= Steal().share() <= 1.0
+
+
+def test_a_run_and_the_kafka_floor_say_what_the_hypervisor_took() -> None:
+    floor = kafka_floor.Floor(10_000, 10_000, 0.58, 10.61, stolen=0.19)
+    assert floor_text(floor) == (
+        "p50 0.58 ms, p99 10.61 ms (10,000 of 10,000 read; 19% of the machine's CPU time "
+        "stolen meanwhile)"
+    )
+    run = Run(Settings(), "python -m bench throughput")
+    run.labels = {"headwater": "Headwater (1 node)"}
+    run.results = [
+        Result(
+            "latency-qos1", "headwater", p99_ms=9.2, notes=["19% of the machine's CPU time stolen"]
+        )
+    ]
+    assert "(p50 0.00 ms), lost 0; 19% of the machine's CPU time stolen |" in render(run)
+    assert "Stolen: the share of the machine's CPU time" in render(run)
