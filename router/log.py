@@ -79,9 +79,11 @@ QUIET_RATE = 1500
 """...and below which it writes through the one that sends at once again."""
 PACE_WINDOW = 0.05
 """Seconds over which the rate is measured."""
-BATCH_LINGER_MS = 1.0
+BATCH_LINGER_MS = 5.0
 """How long the lingering producer gathers records: at most that much later a PUBACK, only
-while the node is busy."""
+while the node is busy.  At 1 ms its broker thread called ``poll()`` 19,000 times a second for
+5,000 QoS 1 records a second (13.5% of a core); at 5 ms 10,000 times (7.9%), and the node's CPU
+a paced QoS 1 message fell 12-30% at that rate (docs/benchmarks.md)."""
 
 QUIET_LINGER_MS = 10
 """How long the quiet producer (``KafkaLog.produce_quiet``) gathers records before it sends
