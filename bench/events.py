@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bench import brokers, throughput
 from bench.brokers import Broker
-from bench.measure import Meter, machine, node_stats, settle, tree_cpu_seconds
+from bench.measure import Meter, Steal, machine, node_stats, settle, tree_cpu_seconds
 from bench.report import table, wrap
 from bench.throughput import SCENARIOS, SETTLED_CPU, Result, Settings
 
@@ -154,16 +154,18 @@ def window(broker: Broker, key: str, seconds: float) -> tuple[Result, int]:
     CONNECT, Kafka's share of a core; and the client events written, counted ``LAG`` later (a
     node hands events over together about every 0.5 s: a window holds a hand-over more or less)."""
     node, services = Meter(broker.pids, tree_cpu_seconds), Meter(broker.services)
-    connects, since = opened(broker), time.monotonic()
+    stolen, connects, since = Steal(), opened(broker), time.monotonic()
     time.sleep(LAG)
     events = written(broker)
     time.sleep(max(0.0, since + seconds - time.monotonic()))
     connects, took = opened(broker) - connects, time.monotonic() - since
     cpu, shares = sum(node.used()), [used / took for used in services.used()]
+    stolen_share = stolen.share()
     time.sleep(LAG)
     events = written(broker) - events
     result = Result(key, broker.name, delivered=connects / took, cycles=connects)
     result.cpu_us, result.services_cpu = cpu / max(1, connects) * 1e6, shares
+    result.stolen = stolen_share
     return result, events
 
 
@@ -219,17 +221,19 @@ def interval(values: list[float], seed: int = 0) -> tuple[float, float]:
 
 
 def side_cell(results: list[Result], written: list[int]) -> str:
-    """Medians over the rounds: CONNECT/s, the node's CPU a cycle, Kafka's share of a core; and
-    the client events written in all its windows (none: the switch held)."""
+    """Medians over the rounds: CONNECT/s, the node's CPU a cycle, Kafka's share of a core, the
+    share of the machine's CPU time stolen by its hypervisor; and the client events written in all
+    its windows (none: the switch held)."""
     if not results:
         return "-"
     rate = statistics.median(r.delivered for r in results)
     node = statistics.median(r.cpu_us for r in results)
     kafka = statistics.median(r.services_cpu[0] if r.services_cpu else 0.0 for r in results)
+    stolen = statistics.median(r.stolen for r in results)
     cycles = sum(r.cycles for r in results)
     return (
         f"{rate:,.0f} per s, node {node:.0f} us a cycle, Kafka {100 * kafka:.1f}% of a core, "
-        f"{sum(written):,} events written in {cycles:,} CONNECTs"
+        f"{100 * stolen:.0f}% stolen, {sum(written):,} events written in {cycles:,} CONNECTs"
     )
 
 
@@ -288,7 +292,8 @@ def render(run: Run) -> str:
         "two windows of one side differ), switched by SIGHUP (the node's settings file) and "
         f"checked in `/stats`, each window {GUARD:g} s after its switch, which side goes first "
         "rotating every round. Cells: medians over the rounds of CONNECT/s, the node's CPU a "
-        "CONNECT and Kafka's share of a core; the events the node wrote in all its windows, "
+        "CONNECT, Kafka's share of a core and the share of the machine's CPU time its "
+        "hypervisor took (steal of /proc/stat); the events the node wrote in all its windows, "
         f"counted {LAG:g} s later than the CONNECTs (`client_events_written` in `/stats`; a node "
         "hands its events over together twice a second, so a window's count holds a hand-over "
         "more or less). Ratios: the geometric mean of the rounds' own ratios (on / off: the "

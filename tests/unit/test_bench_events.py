@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.events import Run, geomean, interval, ratios, render, verdict
+from bench.events import Run, geomean, interval, ratios, render, side_cell, verdict
 from bench.throughput import Result, Settings
 
 
@@ -57,8 +57,8 @@ def test_the_section_shows_every_side_and_the_ratios() -> None:
     row = next(line for line in section.splitlines() if line.startswith("| CONNECT then"))
     cells = [cell.strip() for cell in row.split("|")[2:-1]]
     assert cells[0] == (
-        "975 per s, node 630 us a cycle, Kafka 20.0% of a core, 11,700 events written in 5,850 "
-        "CONNECTs"
+        "975 per s, node 630 us a cycle, Kafka 20.0% of a core, 0% stolen, 11,700 events "
+        "written in 5,850 CONNECTs"
     )
     assert cells[1].startswith("1,000 per s, node 600 us a cycle")
     assert cells[1].endswith(" 0 events written in 6,000 CONNECTs")
@@ -66,3 +66,10 @@ def test_the_section_shows_every_side_and_the_ratios() -> None:
     assert cells[3] == "0.975 (95%: 0.975-0.975, 2 rounds)"  # (950 x 1000) ** 0.5 / 1000 twice
     assert cells[4].startswith("1.000 (95%: 0.950-1.05")
     assert cells[5:] == ["1.025", "met (the interval >= 0.95)"]  # (630 x 600) ** 0.5 / 600
+
+
+def test_a_side_says_the_median_share_of_cpu_time_stolen() -> None:
+    rounds = results("connect-clean", "on", [1000.0, 1000.0, 1000.0])
+    for r, stolen in zip(rounds, (0.02, 0.19, 0.05), strict=True):
+        r.stolen = stolen
+    assert ", Kafka 20.0% of a core, 5% stolen, 12 events" in side_cell(rounds, [12])
