@@ -8,9 +8,9 @@ them only open a file or ask the server.  What each figure is:
   parenthesised command name, which may itself hold spaces and parentheses), every thread;
 * CPU waited: the second field of ``/proc/<pid>/task/<pid>/schedstat`` (ns), the main thread's
   time ready to run while no core was free;
-* CPU time stolen: ``steal`` of the first line of ``/proc/stat`` (the machine's time its
-  hypervisor gave to other guests while this one had work), as a share of all the machine's CPU
-  time in a window;
+* CPU time stolen: ``steal`` of ``psutil.cpu_times()`` (the first line of ``/proc/stat``: the
+  machine's time its hypervisor gave to other guests while this one had work), as a share of all
+  the machine's CPU time in a window;
 * the kernel's listen-queue overflows and SYN retransmissions (``/proc/net/netstat``), which
   explain slow TCP connects;
 * a broker's processes: a pid and its children (a node of ``--workers N`` is a parent and N
@@ -127,30 +127,23 @@ class Meter:
         return [self.read(pid) - s for pid, s in zip(self.pids, self.start, strict=True)]
 
 
-def stolen_share(before: str, after: str) -> float:
+def stolen_share(before: Any, after: Any) -> float:
     """The share of the machine's CPU time its hypervisor took between two readings of
-    ``/proc/stat``: steal over user, nice, system, idle, iowait, irq, softirq and steal (guest
-    time is already counted in user)."""
-
-    def ticks(text: str) -> tuple[int, int]:
-        fields = [int(v) for v in text.split("\n", 1)[0].split()[1:9]]
-        return sum(fields), fields[7]
-
-    (total0, steal0), (total1, steal1) = ticks(before), ticks(after)
-    return (steal1 - steal0) / (total1 - total0) if total1 > total0 else 0.0
+    ``psutil.cpu_times()`` (``/proc/stat``'s first line): steal over all the times but guest and
+    guest_nice, which are already counted in user and nice."""
+    times = [f for f in after._fields if f not in ("guest", "guest_nice")]
+    total = sum(getattr(after, f) - getattr(before, f) for f in times)
+    return (after.steal - before.steal) / total if total > 0 else 0.0
 
 
 class Steal:
-    """``stolen_share`` since ``restart``."""
+    """``stolen_share`` since it was made."""
 
     def __init__(self) -> None:
-        self.restart()
-
-    def restart(self) -> None:
-        self.start = Path("/proc/stat").read_text()
+        self.start = psutil.cpu_times()
 
     def share(self) -> float:
-        return stolen_share(self.start, Path("/proc/stat").read_text())
+        return stolen_share(self.start, psutil.cpu_times())
 
 
 def settle(pids: Sequence[int], idle_share: float, timeout: float, step: float = 0.5) -> float:

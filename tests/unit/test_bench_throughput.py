@@ -10,6 +10,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench import brokers, mqtt
@@ -205,8 +206,9 @@ def test_the_report_says_how_long_kafka_was_warmed_and_how_quiet_its_jit_was() -
 
 
 def test_stolen_time_is_steal_over_all_of_the_machines_cpu_time() -> None:
-    before = "cpu  100 0 50 800 10 0 5 35 7 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n"
-    after = "cpu  200 0 100 900 10 0 5 85 9 0\ncpu0 99 0 49 450 5 0 2 43 0 0\n"
+    reading = type(psutil.cpu_times())._make  # user nice system idle iowait irq softirq steal ...
+    before = reading([100.0, 0.0, 50.0, 800.0, 10.0, 0.0, 5.0, 35.0, 7.0, 0.0])
+    after = reading([200.0, 0.0, 100.0, 900.0, 10.0, 0.0, 5.0, 85.0, 9.0, 0.0])
     assert stolen_share(before, after) == 50 / 300  # guest (7 -> 9) is inside user already
     assert stolen_share(before, before) == 0.0
     assert 0.0 <= Steal().share() <= 1.0
