@@ -175,7 +175,7 @@ def compiled(source: Path) -> str:
     extensions = [
         path
         for package in ("mqttcore", "router", "frontend")
-        for path in source.glob(f"{package}/*.so")
+        for path in source.glob(f"{package}/**/*.so")
         if "__mypyc" not in path.name  # the library the compiled modules share
     ]
     return f", {len(extensions)} modules compiled" if extensions else ", pure Python"

@@ -184,6 +184,8 @@ class Node:
         self._servers: list[asyncio.Server] = []
         self._stats_server: asyncio.Server | None = None
         self._redis: RedisClient | None = None
+        self.coordinator: Coordinator | None = None
+        """The cluster's liveness, takeover inbox and sweep, once Redis is there."""
         self.given: tuple[list[str] | None, argparse.Namespace] | None = None
         """The command line and the settings it gave at start (:func:`serve`), read again on
         SIGHUP; None for a node built in code."""
@@ -196,8 +198,8 @@ class Node:
         if self.config.redis_url:
             await self._connect_redis(self.config.redis_url)
         await self.log.start()
-        if self.sessions.coordinator is not None:
-            await self.sessions.coordinator.sweep_dead_nodes()
+        if self.coordinator is not None:
+            await self.coordinator.sweep_dead_nodes()
         self.sessions.start()
         self.systree.start()
         await self.relays.start()
@@ -257,7 +259,7 @@ class Node:
         sessions.join_cluster(store, self.systree.serving(retained), coordinator)
         self.dispatcher.shares.leases = RedisShareLeases(client, prefix, self.config.node_id)
         await coordinator.start()
-        self._redis = client
+        self.coordinator, self._redis = coordinator, client
 
     def reload(self) -> None:
         """SIGHUP: the settings read again (:meth:`_reload_settings`), then the password and ACL
@@ -304,6 +306,7 @@ class Node:
             doors=self.doors,
             retained=self.retained_limits,
             relays=self.relays.counts(),
+            redis_reachable=self.coordinator is None or self.coordinator.redis_reachable,
         )
 
     def not_ready(self) -> list[str]:
@@ -313,7 +316,7 @@ class Node:
             reasons.append("not accepting connections")
         if not self.log.available:
             reasons.append("Kafka is not writable")
-        coordinator = self.sessions.coordinator
+        coordinator = self.coordinator
         if coordinator is not None and not coordinator.redis_reachable:
             reasons.append("Redis is unreachable")
         return reasons
@@ -367,8 +370,8 @@ class Node:
             ("the share groups", self.dispatcher.shares.stop),
             ("the log", lambda: self.log.stop(min(FLUSH_WAIT, self._left(deadline) / 3))),
         ]
-        if self.sessions.coordinator is not None:
-            parts.append(("the cluster coordinator", self.sessions.coordinator.stop))
+        if self.coordinator is not None:
+            parts.append(("the cluster coordinator", self.coordinator.stop))
         if self._redis is not None:
             parts.append(("Redis", self._redis.aclose))
         parts += [("a listener", server.wait_closed) for server in self._servers]

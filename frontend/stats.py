@@ -41,6 +41,7 @@ def snapshot(
     doors: Doors,
     retained: RetainedLimits,
     relays: Mapping[str, int],
+    redis_reachable: bool,
 ) -> dict[str, Any]:
     reader, counters, sessions = klog.reader, dispatcher.counters, services.sessions
     traffic = services.traffic
@@ -106,7 +107,7 @@ def snapshot(
         "share_messages_denied": dispatcher.shares.denied,
         "share_lease_failures": dispatcher.shares.lease_failures,
         "kafka_available": klog.available,
-        "redis_reachable": sessions.coordinator is None or sessions.coordinator.redis_reachable,
+        "redis_reachable": redis_reachable,
         "connections": len(services.connections),
         "connections_opened": traffic.connections_opened,
         "bytes_received": traffic.bytes_received,

@@ -35,11 +35,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from frontend import outages
-from frontend.cluster import Coordinator
-from frontend.events import CONNECTION_LOST, Events
+from frontend.events import CONNECTION_LOST, EventLog, Events
 from frontend.outages import in_background
 from frontend.retained import RetainedStore
 from frontend.sessions.saver import Holder, Owned, Saver
@@ -51,10 +50,9 @@ from mqttcore.session import Outbound, Session, StoredOutbound, StoredSession
 
 __all__ = ["Holder", "NotOwnerError", "Opened", "Owned", "SessionManager"]
 from frontend.sessions.store import Busy, Lease, NotOwner, SessionStore
-from frontend.sessions.wills import Wills
+from frontend.sessions.wills import WillLog, Wills
 from router import record
 from router.dispatch import Dispatcher
-from router.log import KafkaLog
 
 log = logging.getLogger("headwater.sessions")
 
@@ -82,6 +80,20 @@ OPENING_WAIT = 120.0
 longer than a storm takes to drain (15,000 reconnects on 3 nodes of this 2-core machine took
 9-22 s in ``bench.scale``), since a busy node answers later rather than refusing; a Redis that
 fails answers sooner, through its own timeouts."""
+
+
+class SessionLog(WillLog, EventLog, Protocol):
+    """The log, as wills and client events are written to it: ``router.log.KafkaLog``.  This
+    module runs compiled (setup.py), and a compiled function checks the class of an argument
+    typed with a class: typed with protocols, it takes the unit tests' fakes too."""
+
+
+class Cluster(Protocol):
+    """The other nodes, as a takeover reaches them: ``frontend.cluster.Coordinator``."""
+
+    async def request_release(self, owner: str, client_id: str) -> None: ...
+
+    async def tell_taken(self, owner: str, client_id: str, token: int) -> None: ...
 
 
 class NotOwnerError(Exception):
@@ -116,7 +128,7 @@ class SessionManager:
         store: SessionStore,
         retained: RetainedStore,
         dispatcher: Dispatcher,
-        log_: KafkaLog,
+        log_: SessionLog,
         events: Events | None = None,
     ) -> None:
         self.node_id = stamps.origin_node
@@ -125,7 +137,7 @@ class SessionManager:
         self.store = store
         self.retained = retained
         self.dispatcher = dispatcher
-        self.coordinator: Coordinator | None = None
+        self.coordinator: Cluster | None = None
         self.wills = Wills(stamps, log_, retained)
         self.events = events or Events(stamps, log_, enabled=False)
         """Told each step of a session's life clients and analytics may want to know of."""
@@ -144,7 +156,7 @@ class SessionManager:
         self.saver = Saver(self.node_id, store, dispatcher)
 
     def join_cluster(
-        self, store: SessionStore, retained: RetainedStore, coordinator: Coordinator
+        self, store: SessionStore, retained: RetainedStore, coordinator: Cluster
     ) -> None:
         """Keep sessions and retained messages in the cluster's stores from now on (called
         before the node serves anyone), and take sessions over through ``coordinator``."""

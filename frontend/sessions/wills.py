@@ -9,19 +9,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 from frontend.retained import RetainedStore
 from mqttcore.message import Message, MessageStamps
 from router import record
-from router.log import KafkaLog
+from router.log import DeliveryCallback
 
 log = logging.getLogger("headwater.sessions")
+
+
+class WillLog(Protocol):
+    """Where wills go: ``router.log.KafkaLog``."""
+
+    def produce(
+        self, message: Message, on_delivery: DeliveryCallback | None, kind: str = record.CLIENT
+    ) -> bool: ...
 
 
 class Wills:
     """This node's will publishing."""
 
-    def __init__(self, stamps: MessageStamps, log_: KafkaLog, retained: RetainedStore) -> None:
+    def __init__(self, stamps: MessageStamps, log_: WillLog, retained: RetainedStore) -> None:
         self.stamps = stamps
         self.log = log_
         self.retained = retained

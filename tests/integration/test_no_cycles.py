@@ -17,12 +17,17 @@ import pytest
 
 from frontend.metrics import Traffic
 from frontend.publishing import Publishing
+from frontend.retained import MemoryRetainedStore
+from frontend.sessions.manager import SessionManager
+from frontend.sessions.saver import Owned
+from frontend.sessions.store import Lease, MemorySessionStore
 from headwater.services.kafka_admin import ensure_topic
-from mqttcore.channel import UNRESTRICTED, Action, Channel, Produce, Send
+from mqttcore.channel import UNRESTRICTED, Action, Channel, Limits, Produce, Send
 from mqttcore.codec import Decoder, wire_bytes
 from mqttcore.message import MessageStamps
 from mqttcore.packets import Connect, Packet, Puback, Publish
 from mqttcore.session import Session
+from router.dispatch import Dispatcher
 from router.log import KafkaLog, LogSettings
 from router.partitioner import Router
 
@@ -30,11 +35,11 @@ MESSAGES = 2000
 STAMPS = MessageStamps("node-gc", lambda: 1_700_000_000_000, bytes(8))
 
 
-def connected_channel() -> Channel:
+def connected_channel(session: Session) -> Channel:
     channel = Channel(STAMPS)
     channel.handle_in(Connect("gc-client"))
     channel.logged_in(UNRESTRICTED)
-    channel.session_opened(Session("gc-client", True), False, UNRESTRICTED)
+    channel.session_opened(session, False, UNRESTRICTED)
     return channel
 
 
@@ -65,13 +70,18 @@ async def test_qos1_publishes_acknowledged_through_kafka_leave_no_cycles(
     kafka_bootstrap: str, topic_name: str, collector_off: None
 ) -> None:
     ensure_topic(kafka_bootstrap, topic_name, 2, {})
-    log = KafkaLog(LogSettings(kafka_bootstrap, topic_name, "node-gc"), Router(2))
+    router = Router(2)
+    log = KafkaLog(LogSettings(kafka_bootstrap, topic_name, "node-gc"), router)
     await log.start()
     try:
-        channel = connected_channel()
+        session = Session("gc-client", True)
+        channel = connected_channel(session)
         client = Client()
-        wiring: Any = SimpleNamespace(log=log, sessions=None, traffic=Traffic())
-        owned: Any = SimpleNamespace(persistent=False, closed=False)
+        retained, store = MemoryRetainedStore(), MemorySessionStore()
+        sessions = SessionManager(STAMPS, Limits(), store, retained, Dispatcher(log, router), log)
+        wiring: Any = SimpleNamespace(log=log, sessions=sessions, traffic=Traffic())
+        holder: Any = None  # nothing here closes the session
+        owned = Owned(Lease("gc-client", "node-gc", 1), session, holder)
         publishing = Publishing(channel, owned, client.run, lambda held: None, wiring)
         gc.collect()  # what start-up left
         for packet_id in range(1, MESSAGES + 1):
