@@ -18,7 +18,8 @@ tags, so all keys of one client, and all keys of one node, sit in one Redis Clus
 ``P{cid}:expiry``               string  the expiry marker of a parked session (TTL: the expiry)
 ``P{node}:alive``               string  set with a 5 s expiry while the node runs
 ``P{node}:inbox``               pubsub  takeover requests for sessions the node owns
-``P{node}:owned``               hash    client id -> token (``0`` until known) of every session
+``P{node}:owned``               hash    client id -> the entry of the acquisition that listed
+                                        it last (a process tag and a number), for every session
                                         the node owns or is acquiring: what to sweep if it dies
 ``P{run}:ckpt``                 hash    ``seq`` and partition -> offset: one node process's
                                         delivery checkpoint (``Saver.checkpoint_id``; TTL:
@@ -58,13 +59,15 @@ that comes back after the marker expired but before anyone reaped finds its sess
 that ``acquire`` counts it instead; a session nobody reaps (no node up) goes with its keys' TTL,
 uncounted.  Nothing is ever found by scanning keys.
 
-Dead nodes: a node records in ``P{node}:owned`` every session it is acquiring, before the acquire
-(so a crash leaves it findable; on one Redis in the same round trip, ahead of it on the same
-connection, on a cluster a round trip earlier), and removes it after letting go, only if the entry
-still holds that lease's token (so letting go of an old lease never hides a newer one).  Entries
-may outlive their sessions; never the reverse.  An acquire refused for another identity leaves its
-entry: listing wrote ``0`` over whatever was there, maybe the live owner's own entry on this node,
-which must stay findable.  ``sweep_node`` takes a dead node's entries, a batch per round trip (the
+Dead nodes: a node records in ``P{node}:owned`` every session it is acquiring, before each try
+to acquire it (so a crash leaves it findable; on one Redis in the same round trip, ahead of it on
+the same connection, on a cluster a round trip earlier), under an entry of that acquisition's own
+(``Lease.listed``), and removes it as it lets go, in the release's round trip (on a cluster, the
+one after), only if the entry is still its own (so letting go of an old lease never hides a newer
+one: a newer acquisition listed itself after, before its own try).  Entries may outlive their
+sessions; never the reverse.  An acquire refused for another identity leaves its entry: listing
+wrote over whatever was there, maybe the live owner's own entry on this node, which must stay
+findable.  ``sweep_node`` takes a dead node's entries, a batch per round trip (the
 cost falls on a node's death, in proportion to its sessions): per client, a script takes the
 connection's will (for the caller to publish), parks a persistent session (expiring from now) or
 deletes a clean one, and leaves alone a session acquired after the node was found dead (tokens are
@@ -78,7 +81,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
+import secrets
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -242,14 +247,7 @@ end
 return 0
 """
 
-# KEYS a node's owned hash; ARGV client id, token.
-_OWN = """
-local held = redis.call('HGET', KEYS[1], ARGV[1])
-if not held or tonumber(held) < tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-end
-return 1
-"""
+# KEYS a node's owned hash; ARGV client id, the entry that listed the lease.
 _DISOWN = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
   redis.call('HDEL', KEYS[1], ARGV[1])
@@ -345,14 +343,17 @@ class RedisSessionStore:
         self._unmark = self._script(_UNMARK)
         self._orphan = self._script(_ORPHAN)
         self._reap = self._script(_REAP)
-        self._own = self._script(_OWN)
         self._disown = self._script(_DISOWN)
         self._checkpoint = self._script(_CHECKPOINT)
         self._cluster = isinstance(client, RedisCluster)
         self._lane = Lane(client)
         self._turn: Batch[Command, Any] = Batch(self._send)
-        """What the CONNECTs and DISCONNECTs of one loop turn ask (list, acquire, own, keep the
-        will, save, release, disown): one round trip for them all, whatever they ask."""
+        """What the CONNECTs and DISCONNECTs of one loop turn ask (list, acquire, keep the will,
+        save, release, unlist): one round trip for them all, whatever they ask."""
+        self._listing_tag = secrets.token_hex(4)
+        self._listings = itertools.count(1)
+        """Each acquisition's entry in the node's list of its sessions: this process's tag and a
+        number, unique to the acquisition (``Lease.listed``)."""
 
     def _script(self, source: str) -> AsyncScript:
         script = self.redis.register_script(source)
@@ -456,12 +457,15 @@ class RedisSessionStore:
     ) -> Acquired | Busy | NotOwner:
         keys = self._keys(client_id)
         owned = self._node_key(node_id, "owned")
-        listed = self._turn.submit(("HSET", owned, client_id, "0"))  # findable before it is ours
-        listed.add_done_callback(_seen)  # an acquire that fails with it raises its own error
-        if self._cluster:  # its pipeline sends each node's commands apart: no order between them
-            await listed
+        entry = f"{self._listing_tag}.{next(self._listings)}"
         dead_owners_token = ""
         while True:
+            # findable before it is ours, listed again at each try: meanwhile another acquisition
+            # of the client here may have listed itself, and unlisted as it let go
+            listed = self._turn.submit(("HSET", owned, client_id, entry))
+            listed.add_done_callback(_seen)  # an acquire that fails with it raises its own error
+            if self._cluster:  # its pipeline sends each node's commands apart: no order there
+                await listed
             args: list[str | int] = [node_id, int(clean), int(force), dead_owners_token, identity]
             answer = await self._turn(_evalsha(self._acquire, keys, args))
             await listed  # one Redis: sent before the acquire on the same connection, so run first
@@ -474,13 +478,13 @@ class RedisSessionStore:
                 return Busy(owner)
             dead_owners_token = _text(answer[2])  # take it only if it is still that owner's
         token = _text(answer[1])
-        await self._turn(_evalsha(self._own, [owned], [client_id, token]))
         if answer[5]:
             self.expired += 1
         flat = [_text(x) for x in answer[2]]  # read after the will was taken out: all text
         fields = dict(zip(flat[::2], flat[1::2], strict=True))
         state = _decode_session(fields, [_text(x) for x in answer[3]])
-        return Acquired(Lease(client_id, node_id, int(token)), state, answer[4] or None)
+        lease = Lease(client_id, node_id, int(token), entry)
+        return Acquired(lease, state, answer[4] or None)
 
     async def keep_will(self, lease: Lease, will: bytes) -> None:
         await self._turn(
@@ -509,9 +513,14 @@ class RedisSessionStore:
         args: list[str | int] = [lease.token, self._expiry_ms, self._grace_ms, int(keep)]
         if state is not None:
             args += _session_args(state)
-        await self._turn(_evalsha(self._release, self._keys(lease.client_id), args))
-        owned = self._node_key(lease.node_id, "owned")
-        await self._turn(_evalsha(self._disown, [owned], [lease.client_id, lease.token]))
+        released = self._turn.submit(_evalsha(self._release, self._keys(lease.client_id), args))
+        if self._cluster:  # its pipeline sends each node's commands apart: no order between them
+            await released
+        unlist = [self._node_key(lease.node_id, "owned")], [lease.client_id, lease.listed]
+        unlisted = self._turn.submit(_evalsha(self._disown, *unlist))
+        unlisted.add_done_callback(_seen)  # a release that fails with it raises its own error
+        await released  # one Redis: sent before the unlisting on the same connection, so run first
+        await unlisted
 
     async def checkpoint(self, node_id: str, seq: int, positions: dict[int, int]) -> None:
         args: list[str | int] = [seq, self._checkpoint_ms]

@@ -25,7 +25,7 @@ import asyncio
 import heapq
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from mqttcore.session import StoredSession
@@ -41,6 +41,9 @@ class Lease:
     client_id: str
     node_id: str
     token: int
+    listed: str = field(default="", compare=False)
+    """How the node's list of its sessions names this acquisition (``frontend.sessions.redis``;
+    none in memory): letting go unlists only that entry."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -348,6 +348,23 @@ async def test_redis_letting_go_leaves_no_node_entry(redis_store: RedisSessionSt
     assert await keys_under(redis_store.redis, f"{redis_store.prefix}{{node-a}}") == []
 
 
+async def test_redis_a_session_stays_listed_while_owned_whoever_let_go_before(
+    redis_store: RedisSessionStore,
+) -> None:
+    """Two connections of one client on one node: the second lists itself, is told the session
+    is busy, and takes it once the first let go; the first's unlisting must not take the
+    second's entry with it, or the session would not be swept if the node died."""
+    owned = redis_store._node_key("node-a", "owned")
+    first = await acquired(redis_store, "node-a")
+    assert await redis_store.acquire(CLIENT, "node-a", False) == Busy("node-a")
+    await redis_store.release(first.lease, stored())
+    second = await acquired(redis_store, "node-a")
+    assert await redis_store.redis.hexists(owned, CLIENT)
+    await redis_store.keep_will(second.lease, b"second's will")
+    assert await redis_store.sweep_node("node-a") == [b"second's will"]  # found: node-a is dead
+    assert not await redis_store.redis.hexists(owned, CLIENT)
+
+
 async def test_the_marks_not_the_saved_list_say_what_awaits_pubrel(store: SessionStore) -> None:
     first = await acquired(store, "node-a")
     await store.mark_received(first.lease, 5)  # before any save
