@@ -10,14 +10,14 @@ on it, instead of failing one request per dead connection while the pool cycles 
 **Packing in C.**  redis-py's asyncio connection packs every command in Python, its synchronous
 one with hiredis when hiredis is installed (it is one of our dependencies).  A session script's
 EVALSHA (eleven arguments) takes 9.6 us to pack in Python and 1.4 us with hiredis, and a CONNECT
-followed by a DISCONNECT sends five of them (``frontend.sessions.redis``), so the node's
-connections pack with hiredis (:class:`HiredisPacking`) and fall back to redis-py's own packing
-for what hiredis does not take (a command name holding a space, a memoryview).
+followed by a DISCONNECT sends three of them, four with a will (``frontend.sessions.redis``), so
+the node's connections pack with hiredis (:class:`HiredisPacking`) and fall back to redis-py's
+own packing for what hiredis does not take (a command name holding a space, a memoryview).
 
 **Pipelines without the extras.**  redis-py 8's asyncio pipeline carries, per ``execute()``,
 observability hooks, field-set preparation and a retry wrapper: about 100 us of CPU for one
 EVALSHA against 44 us for the same command sent and read on a pooled connection (uvloop, this
-machine).  A CONNECT and its DISCONNECT make five such requests (most of a quiet node's cycle),
+machine).  A CONNECT and its DISCONNECT make two such requests, more with a will or a SUBSCRIBE,
 so :func:`pipeline` sends a batch on one pooled connection of a single Redis itself (what a
 pipeline does underneath: one write, one reply read per command, an error reply answering its
 own command), again once on a fresh connection if the pooled one was dead, as the client's
