@@ -38,7 +38,8 @@ COMPILED = [
     "frontend/events.py",  # a burst of client events built and handed over in one loop
     "frontend/auth/acl.py",  # Access.may_read: asked for every message a client is sent
     # the CONNECT path: a session's acquire and release, their Redis batches, the CONNECT
-    # deadline and the PROXY header (docs/benchmarks.md: 8-15% less node CPU a CONNECT cycle)
+    # deadline and the PROXY header (docs/benchmarks.md: 7-22% less node CPU a clean CONNECT
+    # cycle, 5-11% a persistent one)
     "router/batching.py",
     "frontend/sessions/manager.py",
     "frontend/sessions/saver.py",

@@ -1,8 +1,8 @@
 """Calls made during one turn of the event loop, sent together.
 
 A storm of CONNECTs makes hundreds of connections ask the same kind of thing at once: of Redis,
-list the session under the node, acquire it, record its token, and as they leave, release and
-unlist it (``frontend.sessions.redis``); of Kafka, where the partitions of their subscriptions end
+list the session under the node and acquire it, and as they leave, release and unlist it
+(``frontend.sessions.redis``); of Kafka, where the partitions of their subscriptions end
 (``router.log``).  One request each costs, in redis-py, a pooled connection, a timeout and a round
 trip, which was most of a CONNECT's cost.  A :class:`Batch` collects the calls of one loop
 iteration and sends them as one request (a pipeline, one ListOffsets), then hands each caller its
