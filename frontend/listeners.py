@@ -4,9 +4,10 @@ balancer's PROXY protocol header or not, and the bound on connections.
 Every listener is a plain TCP server.  An accepted connection is an :class:`Arrival` until it
 becomes the byte stream of an MQTT connection, in up to three steps on the same socket:
 
-1. the PROXY header (``--proxy-protocol``), v1 or v2, read exactly: ``get_buffer`` offers only the
-   bytes the header may still need (``frontend.proxy_protocol``), so what follows (MQTT, a TLS
-   ClientHello, an HTTP upgrade) stays in the socket; the address it names becomes ``peer``.
+1. the PROXY header (``--proxy-protocol``), v1 or v2 (``frontend.proxy_protocol``): before a TLS
+   handshake read exactly, ``get_buffer`` offering only the bytes the header may still need, so
+   the ClientHello stays in the socket; else greedily, the bytes read past its end (a CONNECT,
+   an HTTP upgrade) kept for the stream; the address it names becomes ``peer``.
    It is believed only from a load balancer: a peer outside ``--proxy-allow`` is closed at
    accept, before a byte is read;
 2. the TLS handshake (``mqtts``, ``wss``): ``loop.start_tls`` on the socket's transport;
@@ -26,9 +27,10 @@ Invariants:
   once a second per reason (a peer outside ``--proxy-allow``: once per address, for the last
   :data:`LOGGED_PEERS` addresses);
 * a stream gets its transport once (``set_protocol``, then ``connection_made``), then every byte
-  after those the doors consumed, in order.  asyncio's TLS transport hands the first application
-  data to its protocol before ``start_tls`` returns (uvloop's after): the arrival is that protocol
-  until the hand-over, keeps such data, and passes it on after ``connection_made``.
+  after the PROXY header, in order.  What the arrival read before the hand-over it keeps and
+  passes on after ``connection_made``: the bytes a greedy header read took past the header's end,
+  and the first application data asyncio's TLS transport hands its protocol before ``start_tls``
+  returns (uvloop's after), the arrival being that protocol until the hand-over.
 """
 
 from __future__ import annotations
@@ -248,7 +250,8 @@ class Arrival:
         self.header: ProxyHeaderReader | None = None
         self.peer: tuple[str, int] | None = None
         self.stream: Stream | None = None
-        self.early: list[bytes] | None = None  # TLS data before the hand-over (asyncio only)
+        self.early: list[bytes] | None = None
+        """Bytes read before the hand-over: past a PROXY header, or TLS data (asyncio only)."""
         self.spare: bytearray | None = None
         self.slot: int | None = None
         self.opened = 0.0
@@ -261,8 +264,8 @@ class Arrival:
             return
         doors.arriving.add(self)
         self.opened = asyncio.get_running_loop().time()
-        if doors.proxy_protocol:
-            self.header = ProxyHeaderReader()
+        if doors.proxy_protocol:  # exactly where a TLS handshake follows (the module's step 1)
+            self.header = ProxyHeaderReader(exact=self.kind in SECURE)
             doors.deadlines.watch(self)
         else:
             self._proceed(raw)
@@ -353,14 +356,17 @@ class ProxiedArrival(Arrival, asyncio.BufferedProtocol):
             assert self.spare is not None
             self.early = [*(self.early or ()), bytes(self.spare[:nbytes])]
             return
+        reader = self.header
         try:
-            header = self.header.received(nbytes)
+            header = reader.received(nbytes)
         except ProxyHeaderError as exc:
             self._refuse("proxy_header_errors", str(exc))
             return
         if header is not None:
             self.header = None
             self.peer = header.source
+            if reader.rest:  # read with the header: the stream's first bytes
+                self.early = [reader.rest]
             assert self.transport is not None
             self._proceed(self.transport)
 

@@ -1,12 +1,15 @@
 """The PROXY protocol, v1 and v2 (HAProxy's proxy-protocol.txt), sans-IO: the header a load
 balancer sends before a connection's own bytes, naming the client's address.
 
-:class:`ProxyHeaderReader` is offered the socket's bytes through :meth:`~ProxyHeaderReader.window`,
-which is never larger than what the header may still need, so not one byte past its end is read
-and what follows (MQTT, a TLS ClientHello, an HTTP upgrade) stays in the socket for the next
-reader (``frontend.listeners``).  Anything that cannot begin or complete a valid header raises
-:class:`ProxyHeaderError` as soon as it is seen.  v2's TLVs are skipped; v1 ``UNKNOWN`` and v2
-``LOCAL`` (a health check) name no client.
+:class:`ProxyHeaderReader` is offered the socket's bytes through :meth:`~ProxyHeaderReader.window`.
+An exact reader's window is never larger than what the header may still need, so not one byte
+past its end is read and what follows (a TLS ClientHello) stays in the socket for the TLS
+handshake (``frontend.listeners``).  A greedy reader's window is :data:`GREEDY_WINDOW` bytes, so
+the header and what follows it (a CONNECT, an HTTP upgrade) come in one read, not three; what it
+read past the header's end is its ``rest``, for the connection's stream to take first.  Either
+way, anything that cannot begin or complete a valid header raises :class:`ProxyHeaderError` as
+soon as it is seen.  v2's TLVs are skipped; v1 ``UNKNOWN`` and v2 ``LOCAL`` (a health check)
+name no client.
 
 A header is believed only from a load balancer: :class:`AllowList` (``--proxy-allow``) says
 whether a connection's peer is one; any other peer's connection is closed before a byte of it
@@ -16,6 +19,7 @@ is read.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass, field
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -86,6 +90,10 @@ PROXY_V1_SEPARATORS = 5
 PROXY_V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
 PROXY_V2_FIXED = 16
 """The signature, version and command, family and protocol, and the length of the rest."""
+GREEDY_WINDOW = 1024
+"""Bytes a greedy reader offers a read: a v2 header of HAProxy's (28 bytes for IPv4, 52 for
+IPv6, more with TLVs) and a CONNECT behind it.  Three reads each time before (15 bytes, 1, then
+the address block), each a system call and a turn of the loop."""
 
 # -- the header --------------------------------------------------------------------
 
@@ -102,22 +110,29 @@ class ProxyHeader:
 
 
 class ProxyHeaderReader:
-    """One PROXY header, v1 or v2, read incrementally and never a byte past its end.
+    """One PROXY header, v1 or v2, read incrementally: exactly (never a byte past its end) or
+    greedily (see the module's docstring).
 
-    :meth:`window` is where the next bytes go, sized to what the header may still need: 15 bytes
-    first (no header is shorter); for v2 the fixed 16, then the length they give; for v1, no more
-    than the shortest completion of what was read (two bytes a field, one after a CR), since only
-    its CRLF ends it."""
+    An exact reader's :meth:`window` is sized to what the header may still need: 15 bytes first
+    (no header is shorter); for v2 the fixed 16, then the length they give; for v1, no more than
+    the shortest completion of what was read (two bytes a field, one after a CR), since only its
+    CRLF ends it.  A greedy reader's is the rest of a buffer of :data:`GREEDY_WINDOW` bytes (of
+    a v2 header's length once it is known, if that is more)."""
 
-    __slots__ = ("_buffer", "have")
+    __slots__ = ("_buffer", "_exact", "have", "rest")
 
-    def __init__(self) -> None:
-        self._buffer = bytearray(PROXY_V1_LONGEST)
+    def __init__(self, exact: bool = True) -> None:
+        self._exact = exact
+        self._buffer = bytearray(PROXY_V1_LONGEST if exact else GREEDY_WINDOW)
         self.have = 0
-        """Bytes of the header read so far."""
+        """Bytes read so far (a greedy reader's may go past the header's end)."""
+        self.rest = b""
+        """Once the header is complete: the bytes read after its end (a greedy reader's)."""
 
     def window(self) -> memoryview:
-        return memoryview(self._buffer)[self.have : self.have + self._wanted()]
+        if self._exact:
+            return memoryview(self._buffer)[self.have : self.have + self._wanted()]
+        return memoryview(self._buffer)[self.have :]
 
     def received(self, count: int) -> ProxyHeader | None:
         """``count`` bytes were written into the last window: the header once it is complete.
@@ -155,17 +170,27 @@ class ProxyHeaderReader:
         total = self._v2_length()
         if len(self._buffer) < total:  # a new buffer: the window on this one may be exported
             self._buffer = self._buffer[: self.have] + bytes(total - self.have)
-        return parse_v2(bytes(self._buffer[:total])) if self.have >= total else None
+        if self.have < total:
+            return None
+        return self._done(parse_v2(bytes(self._buffer[:total])), total)
 
     def _v1(self) -> ProxyHeader | None:
-        line = bytes(self._buffer[: self.have])
-        if line.endswith(b"\r\n"):
-            return parse_v1(line)
+        line = bytes(self._buffer[: min(self.have, PROXY_V1_LONGEST)])
+        end = line.find(b"\r\n")
+        if end >= 0:
+            if b"\r" in line[:end] or b"\n" in line[:end]:
+                raise ProxyHeaderError(f"[PROXY v1] CR or LF inside the header: {line!r}")
+            return self._done(parse_v1(line[: end + 2]), end + 2)
         if b"\n" in line or b"\r" in line[:-1]:
             raise ProxyHeaderError(f"[PROXY v1] CR or LF inside the header: {line!r}")
         if len(line) >= PROXY_V1_LONGEST:
             raise ProxyHeaderError(f"[PROXY v1] no CRLF within {PROXY_V1_LONGEST} bytes")
         return None
+
+    def _done(self, header: ProxyHeader, length: int) -> ProxyHeader:
+        """The header of ``length`` bytes is complete; what was read after it is the rest."""
+        self.rest = bytes(self._buffer[length : self.have])
+        return header
 
 
 def parse_v1(line: bytes) -> ProxyHeader:
@@ -206,14 +231,15 @@ def parse_v2(header: bytes) -> ProxyHeader:
     family, protocol = header[13] >> 4, header[13] & 0x0F
     if family in (0, 3):  # unspecified, or Unix sockets: no address of use here
         return ProxyHeader(None)
-    sizes = {1: (4, ipaddress.IPv4Address), 2: (16, ipaddress.IPv6Address)}
-    if family not in sizes:
+    if family not in (1, 2):
         raise ProxyHeaderError(f"[PROXY v2] unknown address family {family}")
     if protocol != 1:
         raise ProxyHeaderError(f"[PROXY v2] protocol {protocol} is not a stream (TCP)")
-    size, address = sizes[family]
+    size = 4 if family == 1 else 16
     block = header[PROXY_V2_FIXED:]
     if len(block) < 2 * size + 4:
         raise ProxyHeaderError(f"[PROXY v2] address block of {len(block)} bytes is too short")
     port = int.from_bytes(block[2 * size : 2 * size + 2], "big")
-    return ProxyHeader((str(address(block[:size])), port))
+    if size == 4:  # the C formatter: ipaddress's, in Python, was 1-2% of a CONNECT cycle
+        return ProxyHeader((socket.inet_ntop(socket.AF_INET, block[:4]), port))
+    return ProxyHeader((str(ipaddress.IPv6Address(block[:16])), port))

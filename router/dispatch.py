@@ -165,7 +165,8 @@ class Dispatcher:
                 joined.append(group)
             else:
                 session.subscriptions[topic_filter] = qos
-        await asyncio.gather(*(self.shares.start(group) for group in joined))
+        if joined:  # a SUBSCRIBE of plain filters awaits nothing here
+            await asyncio.gather(*(self.shares.start(group) for group in joined))
         return plain
 
     def activate(self, session: Session, filters: Iterable[str]) -> None:

@@ -1,5 +1,6 @@
-"""The pure parts of the front doors (``frontend.listeners``): PROXY headers read exactly and
-parsed strictly, and the WebSocket adapter driven by wsproto's client side over a fake socket."""
+"""The pure parts of the front doors (``frontend.listeners``): PROXY headers read exactly or
+greedily and parsed strictly, and the WebSocket adapter driven by wsproto's client side over a
+fake socket."""
 
 from __future__ import annotations
 
@@ -69,10 +70,12 @@ def v2_inet(source: str, port: int, tlvs: bytes = b"") -> bytes:
     return v2(1, family, block)
 
 
-def read_exactly(stream: bytes, chunk: int = 1 << 20) -> tuple[ProxyHeader | None, int]:
+def read_header(
+    stream: bytes, chunk: int = 1 << 20, exact: bool = True
+) -> tuple[ProxyHeader | None, int, bytes]:
     """Feed ``stream`` as a socket would, each read at most ``chunk`` bytes and at most the
-    window: the header, and how many bytes of ``stream`` were consumed."""
-    reader, used = ProxyHeaderReader(), 0
+    window: the header, how many bytes of ``stream`` were read, and those past its end."""
+    reader, used = ProxyHeaderReader(exact), 0
     while used < len(stream):
         window = reader.window()
         assert len(window) > 0
@@ -81,8 +84,20 @@ def read_exactly(stream: bytes, chunk: int = 1 << 20) -> tuple[ProxyHeader | Non
         used += n
         header = reader.received(n)
         if header is not None:
-            return header, used
-    return None, used
+            return header, used, reader.rest
+    return None, used, b""
+
+
+def read_exactly(stream: bytes, chunk: int = 1 << 20) -> tuple[ProxyHeader | None, int]:
+    header, used, rest = read_header(stream, chunk)
+    assert rest == b""
+    return header, used
+
+
+def read_greedily(stream: bytes, chunk: int = 1 << 20) -> tuple[ProxyHeader | None, bytes]:
+    """The header, and what follows it: the bytes read past its end, then those left unread."""
+    header, used, rest = read_header(stream, chunk, exact=False)
+    return header, rest + stream[used:]
 
 
 AFTER = b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00"
@@ -110,6 +125,22 @@ def test_a_header_is_read_exactly_and_not_one_byte_more(
     header: bytes, source: tuple[str, int] | None, chunk: int
 ) -> None:
     assert read_exactly(header + AFTER, chunk) == (ProxyHeader(source), len(header))
+
+
+@pytest.mark.parametrize(("header", "source"), VALID)
+@pytest.mark.parametrize("chunk", [1, 2, 7, 1 << 20])
+def test_a_greedy_read_keeps_what_follows_the_header_for_the_stream(
+    header: bytes, source: tuple[str, int] | None, chunk: int
+) -> None:
+    assert read_greedily(header + AFTER, chunk) == (ProxyHeader(source), AFTER)
+
+
+def test_a_greedy_read_takes_haproxys_header_and_a_connect_in_one_read() -> None:
+    reader = ProxyHeaderReader(exact=False)
+    data = v2_inet("203.0.113.7", 4242) + AFTER
+    reader.window()[: len(data)] = data
+    assert reader.received(len(data)) == ProxyHeader(("203.0.113.7", 4242))
+    assert reader.rest == AFTER
 
 
 ipv4 = st.ip_addresses(v=4).map(str)
@@ -150,11 +181,20 @@ def test_any_valid_header_is_read_exactly(
     assert read_exactly(header + after, chunk) == (ProxyHeader(source), len(header))
 
 
-@given(st.binary(max_size=300), st.integers(1, 50))
+@given(headers(), st.binary(max_size=40), st.integers(1, 200))
 @settings(max_examples=400, deadline=None)
-def test_random_bytes_raise_only_the_header_error(data: bytes, chunk: int) -> None:
+def test_any_valid_header_is_read_greedily_losing_nothing_after_it(
+    case: tuple[bytes, tuple[str, int] | None], after: bytes, chunk: int
+) -> None:
+    header, source = case
+    assert read_greedily(header + after, chunk) == (ProxyHeader(source), after)
+
+
+@given(st.binary(max_size=300), st.integers(1, 50), st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_random_bytes_raise_only_the_header_error(data: bytes, chunk: int, exact: bool) -> None:
     with contextlib.suppress(ProxyHeaderError):
-        read_exactly(data, chunk)
+        read_header(data, chunk, exact)
 
 
 BAD = [
@@ -185,28 +225,31 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("data", BAD)
-def test_a_bad_header_is_refused(data: bytes) -> None:
+def test_a_bad_header_is_refused(data: bytes, exact: bool) -> None:
     with pytest.raises(ProxyHeaderError):
-        read_exactly(data + b"\r\n" * 60)
+        read_header(data + b"\r\n" * 60, exact=exact)
 
 
 @pytest.mark.parametrize(
     "data", [AFTER[:15], b"GET / HTTP/1.1\r", b"\x16\x03\x01", b"PROXX", b"\r\n\r\n\x01"]
 )
-def test_what_is_no_header_is_refused_at_its_first_bytes(data: bytes) -> None:
+@pytest.mark.parametrize("exact", [True, False])
+def test_what_is_no_header_is_refused_at_its_first_bytes(data: bytes, exact: bool) -> None:
     """A client that sends plain MQTT to a proxy listener is closed at once, not timed out."""
-    reader = ProxyHeaderReader()
+    reader = ProxyHeaderReader(exact)
     window = reader.window()
     window[: len(data)] = data
     with pytest.raises(ProxyHeaderError):
         reader.received(len(data))
 
 
+@pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize(("header", "_source"), VALID)
-def test_a_truncated_header_is_never_complete(header: bytes, _source: object) -> None:
+def test_a_truncated_header_is_never_complete(header: bytes, _source: object, exact: bool) -> None:
     for cut in range(1, len(header)):
-        assert read_exactly(header[:cut]) == (None, cut)
+        assert read_header(header[:cut], exact=exact) == (None, cut, b"")
 
 
 def test_parsers_refuse_headers_given_whole() -> None:
@@ -601,6 +644,58 @@ async def test_a_peer_outside_the_allow_list_is_closed_at_accept_counted_and_log
     allowed = Peer("10.0.0.9")
     arrival(doors, "mqtt").connection_made(allowed)  # type: ignore[arg-type]
     assert not allowed.closed and len(doors.arriving) == 1
+    doors.close()
+
+
+class Accepted(Peer):
+    """A socket from a load balancer whose protocol the arrival hands over."""
+
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1")
+        self.protocol: Any = None
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 1 << 16])
+async def test_the_stream_gets_what_follows_the_proxy_header_once_and_in_order(chunk: int) -> None:
+    """Behind a plain listener the header is read greedily: a CONNECT that came with it (in
+    the same read, or in reads of any size) reaches the stream whole, after its
+    ``connection_made``, and later bytes after it."""
+    doors = Doors(FakeStream, lambda: 0, Deadlines(), 5.0, proxy_protocol=True)
+    socket, protocol = Accepted(), arrival(doors, "mqtt")
+    protocol.connection_made(socket)  # type: ignore[arg-type]
+    data, reads = v2_inet("203.0.113.7", 4242) + AFTER, 0
+    while socket.protocol is None:
+        window = protocol.get_buffer(65536)  # type: ignore[union-attr]
+        n = min(len(window), chunk, len(data))
+        window[:n], data, reads = data[:n], data[n:], reads + 1
+        protocol.buffer_updated(n)  # type: ignore[union-attr]
+    stream = socket.protocol
+    assert stream.transport is socket and stream.peer == ("203.0.113.7", 4242)
+    stream.data_received(data + b"\xe0\x00")  # what the socket has next goes to the stream
+    assert bytes(stream.received) == AFTER + b"\xe0\x00"
+    if chunk == 1 << 16:
+        assert reads == 1
+    assert not doors.arriving
+
+
+async def test_behind_a_tls_listener_the_header_is_read_exactly() -> None:
+    """The ClientHello after the header is the TLS handshake's, left in the socket."""
+    doors = Doors(FakeStream, lambda: 0, Deadlines(), 5.0, proxy_protocol=True)
+    protocol = arrival(doors, "mqtts")
+    protocol.connection_made(Accepted())  # type: ignore[arg-type]
+    header = v2_inet("203.0.113.7", 4242)
+    used = 0
+    while protocol.header is not None:
+        window = protocol.get_buffer(65536)  # type: ignore[union-attr]
+        assert used + len(window) <= len(header)
+        n = len(window)
+        window[:n] = header[used : used + n]
+        used += n
+        protocol.buffer_updated(n)  # type: ignore[union-attr]
+    assert used == len(header) and protocol.early is None
     doors.close()
 
 
