@@ -78,7 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--headwater-rev", metavar="REV", help="run `headwater dev up` of this commit")
     p.add_argument("--output", type=Path, help=f"report file [{DEFAULT_OUTPUT}]")
     p.add_argument("--no-write", action="store_true", help="print the report only")
-    p.add_argument("--work-dir", type=Path, help="logs and cluster state here [a temp dir]")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        help="logs here, and each cluster's state until it stops (its Kafka data then goes) "
+        "[a temp dir]",
+    )
     t = p.add_argument_group("throughput")
     t.add_argument("--scenarios", default="all", help=f"of {', '.join(throughput.SCENARIOS)} "
                    f"(events: of {', '.join(events.KEYS)})")  # fmt: skip

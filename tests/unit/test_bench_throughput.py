@@ -221,3 +221,18 @@ def test_the_report_says_what_its_stolen_share_is() -> None:
     assert "Stolen: the share of the machine's CPU time its hypervisor gave elsewhere" in " ".join(
         render(run).split()
     )
+
+
+def test_a_stopped_clusters_kafka_data_goes_and_its_logs_stay(tmp_path: Path) -> None:
+    state = tmp_path / "cluster-1"
+    for data in (state / "kafka" / "data", state / "kafka" / "broker-2" / "data"):
+        data.mkdir(parents=True)
+        (data / "meta.properties").write_text("node.id=1\n")
+        (data / "headwater.messages-0").mkdir()
+    (state / "kafka" / "kafka.log").write_text("started\n")
+    (state / "nodes").mkdir()
+    (state / "nodes" / "node0.log").write_text("ready\n")
+    brokers.drop_kafka_data(state)
+    assert sorted(p.relative_to(state).as_posix() for p in state.rglob("*")) == [
+        "kafka", "kafka/broker-2", "kafka/kafka.log", "nodes", "nodes/node0.log",
+    ]  # fmt: skip
