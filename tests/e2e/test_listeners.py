@@ -274,7 +274,7 @@ async def test_proxy_headers_give_the_clients_address(
     def addresses() -> set[tuple[str, int] | None]:
         return {connection.address() for connection in node.connections}
 
-    # v1 and plain MQTT in one write: the header is read exactly, the CONNECT left whole.
+    # v1 and plain MQTT in one write: one read takes both, the CONNECT handed on whole.
     reader, writer = await asyncio.open_connection(HOST, listening["mqtt"])
     writer.write(V1 + encode(Connect("v1-plain")))
     assert await RawClient(reader, writer).recv() == Connack(False, 0)
@@ -491,8 +491,9 @@ async def through_every_door(certs: Certs) -> None:
 def test_the_doors_hand_streams_over_on_asyncio_and_uvloop(
     loop_factory: Callable[[], asyncio.AbstractEventLoop], certs: Certs
 ) -> None:
-    """PROXY header read exactly, ``set_protocol`` from the reader to the stream, ``start_tls``
-    after a header, on each loop (node.main runs on uvloop; tests mostly on asyncio)."""
+    """PROXY header read (greedily, or exactly before TLS), ``set_protocol`` from the reader to
+    the stream, ``start_tls`` after a header, on each loop (node.main runs on uvloop; tests
+    mostly on asyncio)."""
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(asyncio.wait_for(through_every_door(certs), 20))
 
