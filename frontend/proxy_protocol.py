@@ -177,12 +177,12 @@ class ProxyHeaderReader:
     def _v1(self) -> ProxyHeader | None:
         line = bytes(self._buffer[: min(self.have, PROXY_V1_LONGEST)])
         end = line.find(b"\r\n")
-        if end >= 0:
-            if b"\r" in line[:end] or b"\n" in line[:end]:
-                raise ProxyHeaderError(f"[PROXY v1] CR or LF inside the header: {line!r}")
-            return self._done(parse_v1(line[: end + 2]), end + 2)
-        if b"\n" in line or b"\r" in line[:-1]:
+        # before its CRLF (none yet: before a last CR that may begin it) no CR or LF
+        inside = line[:end] if end >= 0 else line.removesuffix(b"\r")
+        if b"\r" in inside or b"\n" in inside:
             raise ProxyHeaderError(f"[PROXY v1] CR or LF inside the header: {line!r}")
+        if end >= 0:
+            return self._done(parse_v1(line[: end + 2]), end + 2)
         if len(line) >= PROXY_V1_LONGEST:
             raise ProxyHeaderError(f"[PROXY v1] no CRLF within {PROXY_V1_LONGEST} bytes")
         return None
