@@ -29,6 +29,7 @@ COMPILED = [
     "router/topics.py",
     "router/history.py",  # a compiled class (Session) has only compiled subclasses (HistoryView)
     "router/log.py",
+    "router/outbox.py",
     "router/reader.py",
     "router/catchup.py",
     "router/backlog.py",

@@ -22,7 +22,7 @@ from frontend.sessions.manager import Owned, SessionManager
 from mqttcore import channel as ch
 from mqttcore.message import Message
 from mqttcore.session import Outbound
-from router.log import DeliveryCallback
+from router.outbox import DeliveryCallback
 
 
 class Log(Protocol):

@@ -7,7 +7,8 @@ its kind, ``kind``: who wrote it) and the message's own time as its Kafka timest
 (docs/log.md).  ``produce`` never blocks: the record joins this loop iteration's outbox, which
 goes to librdkafka at the end of it, one ``produce()`` per record (``produce_batch`` takes
 neither headers nor timestamps; per message it cost no less, measured by
-``tests/integration/log_produce_cost.py``).  A full producer queue makes ``produce`` return
+``tests/integration/log_produce_cost.py``); the QoS 0 records a hand-over gives one partition
+share one delivery report (:class:`Group`).  A full producer queue makes ``produce`` return
 False; the caller stops reading from its client and is called back once it has drained.
 Records nobody waits for (client events) go by ``produce_quiet`` through a producer of their
 own that lingers ``QUIET_LINGER_MS``.
@@ -55,6 +56,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-d
 from mqttcore.message import Message
 from router import record
 from router.batching import Batch
+from router.outbox import DeliveryCallback, Outbox
 from router.partitioner import Router
 from router.reader import LogReader, Reader
 from router.retry import ATTEMPT_SECONDS, Retries, retried
@@ -93,10 +95,6 @@ thread took about 7% of the event loop's CPU in CONNECT+DISCONNECT cycles with e
 1% without, and about 1% with a linger (each thread's CPU from ``/proc`` during ``python -m
 bench throughput --scenarios connect-clean``)."""
 
-DeliveryCallback = Callable[[int, int, str | None], None]
-"""Called in the event loop with (partition, offset, error); error is None once durable."""
-
-
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 """Upper bounds of the produce latency histogram's buckets (``/metrics``), in milliseconds."""
 
@@ -115,10 +113,11 @@ class LatencyHistogram:
         self.sum = 0.0
         """Seconds, all latencies added up."""
 
-    def observe(self, seconds: float | None) -> None:
+    def observe(self, seconds: float | None, messages: int = 1) -> None:
+        """``messages`` that each took ``seconds`` (a QoS 0 :class:`Group`'s, or one)."""
         if seconds is not None:
-            self.counts[bisect_left(self._bounds, seconds)] += 1
-            self.sum += seconds
+            self.counts[bisect_left(self._bounds, seconds)] += messages
+            self.sum += seconds * messages
 
     def snapshot(self) -> dict[str, object]:
         return {"buckets_ms": list(LATENCY_BUCKETS_MS), "counts": list(self.counts),
@@ -160,13 +159,6 @@ def security_settings(text: str) -> dict[str, str]:
     return settings
 
 
-OutboxRecord = tuple[
-    int, bytes, bytes, "list[tuple[str, bytes]] | None", int, Any, "DeliveryCallback | None"
-]
-"""(partition, value, key, headers, timestamp, librdkafka's callback, whom to tell if refused):
-a plain tuple, built once per message on the hot path."""
-
-
 class Pace:
     """Which of the two producers the next records go to (module docstring): the lingering one
     while the rate is above ``BUSY_RATE``, the other again once it is below ``QUIET_RATE``,
@@ -197,55 +189,6 @@ class Pace:
             elif rate < QUIET_RATE:
                 self.batching = False
         return self.batching
-
-
-class Outbox:
-    """The records of this loop iteration, in arrival order, until they go to librdkafka together
-    at the end of it, and whom to tell if one is refused."""
-
-    __slots__ = ("_records",)
-
-    def __init__(self) -> None:
-        self._records: list[OutboxRecord] = []
-
-    def __len__(self) -> int:
-        return len(self._records)
-
-    def add(
-        self,
-        partition: int,
-        value: bytes,
-        key: bytes,
-        callback: Any,
-        sender: DeliveryCallback | None,
-        headers: list[tuple[str, bytes]] | None = None,
-        timestamp: int = 0,
-    ) -> None:
-        """Add a record; ``timestamp`` 0 lets librdkafka stamp it with the time of producing."""
-        self._records.append((partition, value, key, headers, timestamp, callback, sender))
-
-    def send(
-        self, producer: Producer | None, topic: str
-    ) -> list[tuple[DeliveryCallback | None, int, str]]:
-        """Hand every record over, one ``produce()`` each (``produce_batch`` takes neither
-        headers nor timestamps); the records refused, as (sender, partition, error).  The queue
-        is bounded before it fills (``KafkaLog.produce``), so only a fatal producer error
-        refuses one."""
-        records, self._records = self._records, []
-        refused: list[tuple[DeliveryCallback | None, int, str]] = []
-        if producer is None:
-            error = str(KafkaException(KafkaError(KafkaError._DESTROY)))
-            return [(r[6], r[0], error) for r in records]
-        produce = producer.produce
-        for partition, value, key, headers, timestamp, callback, sender in records:
-            try:
-                produce(
-                    topic, value, key, partition, on_delivery=callback, timestamp=timestamp,
-                    headers=headers,  # type: ignore[arg-type]  # the stub's list is invariant
-                )  # fmt: skip
-            except (KafkaException, BufferError) as exc:
-                refused.append((sender, partition, str(exc)))
-        return refused
 
 
 class Log(GroupLog, Protocol):
@@ -295,7 +238,7 @@ class KafkaLog:
         self._blocked: list[Callable[[], None]] = []
         self.on_served: Callable[[], None] = lambda: None
         """Called after a pump's turn that served something (the node writes out then)."""
-        self._outbox = Outbox()
+        self._outbox = Outbox(self._count_group)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -429,7 +372,7 @@ class KafkaLog:
         """Queue ``message`` for the log, with its headers (``kind`` says who wrote it: one of
         ``router.record.KINDS``) and its own time as the record's timestamp; False if the
         producer queue is full (retry later).  ``on_delivery`` is told once it is durable (or
-        not); a QoS 0 message passes None and is counted."""
+        not); a QoS 0 message passes None and is counted with its hand-over's group."""
         producer = self._producer
         assert producer is not None
         outbox = self._outbox
@@ -486,10 +429,11 @@ class KafkaLog:
             log.warning("a client event was lost by Kafka: %s", err.str())
 
     def _reporter(self, on_delivery: DeliveryCallback | None) -> Any:
-        """librdkafka's delivery callback for one record; a partial: a mypyc closure keeps itself
-        in its own environment, a reference cycle per record left to the cycle collector."""
+        """librdkafka's delivery callback for one record, None for a QoS 0 one (its hand-over's
+        :class:`Group` reports it); a partial: a mypyc closure keeps itself in its own
+        environment, a reference cycle per record left to the cycle collector."""
         if on_delivery is None:
-            return self._count_delivery
+            return None
         return partial(self._report, on_delivery)
 
     def _report(self, on_delivery: DeliveryCallback, err: KafkaError | None, msg: Any) -> None:
@@ -537,11 +481,12 @@ class KafkaLog:
         """Call ``callback`` in the loop once the producer queue has room again."""
         self._blocked.append(callback)
 
-    def _count_delivery(self, err: KafkaError | None, msg: Any) -> None:
-        self.latency.observe(msg.latency())
+    def _count_group(self, records: int, err: KafkaError | None, msg: Any) -> None:
+        """A :class:`Group` of QoS 0 records written (or lost) together."""
+        self.latency.observe(msg.latency(), records)
         if err is not None:
-            self.produce_errors += 1
-            log.warning("a QoS 0 message was lost by Kafka: %s", err.str())
+            self.produce_errors += records
+            log.warning("%d QoS 0 message(s) lost by Kafka: %s", records, err.str())
 
     # -- the pump -----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Protocol
 from frontend.retained import RetainedStore
 from mqttcore.message import Message, MessageStamps
 from router import record
-from router.log import DeliveryCallback
+from router.outbox import DeliveryCallback
 
 log = logging.getLogger("headwater.sessions")
 

@@ -37,7 +37,8 @@ from headwater.services.kafka import LocalKafka
 from headwater.services.kafka_admin import ensure_topic
 from mqttcore.message import Message
 from router import record
-from router.log import DeliveryCallback, KafkaLog, LogSettings, Outbox
+from router.log import KafkaLog, LogSettings
+from router.outbox import DeliveryCallback, Outbox
 from router.partitioner import Router
 
 PARTITIONS = 6
