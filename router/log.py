@@ -8,8 +8,8 @@ its kind, ``kind``: who wrote it) and the message's own time as its Kafka timest
 goes to librdkafka at the end of it, one ``produce()`` per record (``produce_batch`` takes
 neither headers nor timestamps; per message it cost no less, measured by
 ``tests/integration/log_produce_cost.py``); the QoS 0 records a hand-over gives one partition
-share one delivery report (:class:`Group`).  A full producer queue makes ``produce`` return
-False; the caller stops reading from its client and is called back once it has drained.
+share one delivery report (``router.outbox.Group``).  A full producer queue makes ``produce``
+return False; the caller stops reading from its client and is called back once it has drained.
 Records nobody waits for (client events) go by ``produce_quiet`` through a producer of their
 own that lingers ``QUIET_LINGER_MS``.
 
@@ -114,7 +114,7 @@ class LatencyHistogram:
         """Seconds, all latencies added up."""
 
     def observe(self, seconds: float | None, messages: int = 1) -> None:
-        """``messages`` that each took ``seconds`` (a QoS 0 :class:`Group`'s, or one)."""
+        """``messages`` that each took ``seconds`` (a QoS 0 ``router.outbox.Group``'s, or one)."""
         if seconds is not None:
             self.counts[bisect_left(self._bounds, seconds)] += messages
             self.sum += seconds * messages
@@ -430,7 +430,7 @@ class KafkaLog:
 
     def _reporter(self, on_delivery: DeliveryCallback | None) -> Any:
         """librdkafka's delivery callback for one record, None for a QoS 0 one (its hand-over's
-        :class:`Group` reports it); a partial: a mypyc closure keeps itself in its own
+        ``router.outbox.Group`` reports it); a partial: a mypyc closure keeps itself in its own
         environment, a reference cycle per record left to the cycle collector."""
         if on_delivery is None:
             return None
@@ -482,7 +482,7 @@ class KafkaLog:
         self._blocked.append(callback)
 
     def _count_group(self, records: int, err: KafkaError | None, msg: Any) -> None:
-        """A :class:`Group` of QoS 0 records written (or lost) together."""
+        """A ``router.outbox.Group`` of QoS 0 records written (or lost) together."""
         self.latency.observe(msg.latency(), records)
         if err is not None:
             self.produce_errors += records

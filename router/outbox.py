@@ -41,7 +41,7 @@ class Group:
 
     def __init__(self, report: GroupReport) -> None:
         self._report = report
-        self.records = 1
+        self.records = 0
 
     def __call__(self, err: KafkaError | None, msg: Any) -> None:
         self._report(self.records, err, msg)
@@ -93,9 +93,7 @@ class Outbox:
             if callback is None and report_group is not None:
                 group = groups.get(partition)
                 if group is None:  # this record carries its partition's group
-                    callback = group = groups[partition] = Group(report_group)
-                else:
-                    group.records += 1
+                    callback = group = Group(report_group)
             try:
                 # positional (``callback`` is the slot before its alias ``on_delivery``):
                 # keywords cost produce() about 0.8 us a record to parse
@@ -104,9 +102,9 @@ class Outbox:
                     headers,  # type: ignore[arg-type]  # the stub's list is invariant
                 )  # fmt: skip
             except (KafkaException, BufferError) as exc:
-                refused.append((sender, partition, str(exc)))
-                if group is not None and callback is group:
-                    del groups[partition]  # the next one carries it
-                elif group is not None:
-                    group.records -= 1
+                refused.append((sender, partition, str(exc)))  # the next one carries the group
+                continue
+            if group is not None:  # a group counts the records the producer took
+                group.records += 1
+                groups[partition] = group
         return refused
