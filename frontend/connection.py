@@ -558,7 +558,12 @@ class MqttConnection(asyncio.Protocol):
 
     def _close(self, action: ch.Close, cause: str) -> None:
         will = self.channel.take_will() if action.publish_will else None
-        log.info("client %s closed: %s", _who(self), action.reason)
+        # a client's own DISCONNECT is the usual end, a line at DEBUG (as EMQX; the client
+        # event records it): at INFO it was 9% of the loop at 2,800 cycles a second
+        if cause == events.CLIENT_DISCONNECT:
+            log.debug("client %s closed: %s", _who(self), action.reason)
+        else:
+            log.info("client %s closed: %s", _who(self), action.reason)
         self._output.flush()
         self._closed = True
         if self.transport is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -155,6 +156,26 @@ async def test_disconnect_reasons(node: Node, log_events: LogEvents) -> None:
     assert taken_events.count(("connected", None)) == 2
     await again.close()
     await log_events.wait_for(event="disconnected", client_id="taken", reason="connection_lost")
+
+
+async def test_a_close_is_a_line_at_info_unless_the_client_sent_disconnect(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The usual end (DISCONNECT) is a DEBUG line, as EMQX logs it; any other an INFO line."""
+    caplog.set_level(logging.DEBUG, logger="headwater.connection")
+    polite = await RawClient.connected(node.config.port, "polite")
+    await polite.send(Disconnect())
+    await polite.expect_closed()
+    broken = await RawClient.connected(node.config.port, "rude")
+    await broken.send(b"\xf0\x00")  # packet type 15 is reserved [MQTT-2.2.2-2]
+    await broken.expect_closed()
+
+    def closes() -> dict[str, int]:
+        lines = [r for r in caplog.records if " closed: " in r.getMessage()]
+        return {r.getMessage().split()[1]: r.levelno for r in lines}
+
+    await eventually(lambda: {"polite", "rude"} <= closes().keys(), what="both close lines")
+    assert closes() == {"polite": logging.DEBUG, "rude": logging.INFO}
 
 
 async def test_clients_may_not_write_events(node: Node, log_events: LogEvents) -> None:
