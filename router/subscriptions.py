@@ -93,11 +93,11 @@ class Subscriptions:
             fresh = topic_filter not in session.subscriptions
             session.subscriptions[topic_filter] = qos
             self._trie.add(topic_filter, (session.client_id, topic_filter), qos)
-            self._changed()
             if fresh:
                 new.append(topic_filter)
                 if resume_from is None:
                     self._pending[(session.client_id, topic_filter)] = []
+        self._changed()
         needed = [self.router.partitions_for_filter(f) for f in new]
         for partitions in needed:
             self._interest.acquire(partitions)
@@ -145,9 +145,9 @@ class Subscriptions:
 
     def forget(self, client_id: str, filters: Iterable[str]) -> None:
         """Take ``filters`` out of the index; release the partitions nobody needs any more."""
+        self._changed()
         for topic_filter in filters:
             key = (client_id, topic_filter)
-            self._changed()
             self._pending.pop(key, None)
             if self._trie.remove(topic_filter, key):
                 self._starts.pop(key, None)

@@ -2,9 +2,10 @@
 
     python -m tests.integration.dispatch_cost [--rounds N]
 
-``router.dispatch.Dispatcher`` (compiled, as a node runs it) over a fake log and subscribers of
-our own (``tests.unit.fakes``; each takes its bytes from the session as a connection does, then
-drops them), in batches of 1,000 live QoS 0 records, as the pump hands them over:
+``router.dispatch.Dispatcher`` (compiled, as a node runs it) over a fake log and clients of our
+own (``tests.unit.fakes.FakeClient``: each takes its bytes from the session as a connection
+does; they are dropped after each batch), in batches of 1,000 live QoS 0 records, as the pump
+hands them over:
 
 * ``fan-out``: one topic, 50 subscribers of it (``bench throughput``'s fan-out 1 -> 50);
 * ``fan-in``: four topics ``lg/0`` to ``lg/3``, one subscriber of ``lg/#`` (its fan-in).
@@ -23,31 +24,14 @@ import statistics
 import time
 
 from frontend.node import tune_gc
-from mqttcore.codec import Wire
-from mqttcore.session import Outbound, Session
+from mqttcore.session import Session
 from router.dispatch import Dispatcher
 from router.partitioner import Router
 from router.record import Record
-from tests.unit.fakes import FakeLog, message
+from tests.unit.fakes import FakeClient, FakeLog, message
 
 ROUTER = Router(12, 1)
 BATCH = 1000
-
-
-class Subscriber:
-    """A connected client as the dispatcher sees it: the session's bytes, kept until dropped."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.wire: list[Wire] = []
-
-    def deliver(self, out: Outbound) -> None:
-        data = self.session.deliver(out, online=True, writable=True)
-        if data is not None:
-            self.wire.append(data)
-
-    def stream_failed(self, error: BaseException) -> None:
-        raise error
 
 
 async def measure(subscribers: int, filter_: str, topics: list[str], rounds: int) -> list[float]:
@@ -56,7 +40,7 @@ async def measure(subscribers: int, filter_: str, topics: list[str], rounds: int
     clients = []
     for i in range(subscribers):
         session = Session(f"sub-{i}", clean=True)
-        client = Subscriber(session)
+        client = FakeClient(session)
         dispatcher.attach(session, client)
         _, new = await dispatcher.subscribe(session, [(filter_, 0)])
         dispatcher.activate(session, new)
