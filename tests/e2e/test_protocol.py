@@ -358,6 +358,34 @@ async def test_unsubscribe_stops_delivery(node: Node) -> None:
     await pub.close()
 
 
+async def test_a_topic_delivered_before_follows_each_later_subscription_change(
+    node: Node,
+) -> None:
+    """The node keeps a topic's subscribers once matched: a new QoS, an unsubscribe and a new
+    subscriber after the topic's first delivery each show at once."""
+    sub = await RawClient.connected(node.config.port, "kept-sub")
+    await sub.subscribe(("kept/t", 0))
+    pub = await RawClient.connected(node.config.port, "kept-pub")
+    await pub.send(Publish("kept/t", b"first", qos=1, packet_id=1))
+    assert await pub.recv() == Puback(1)
+    assert await sub.recv() == Publish("kept/t", b"first", qos=0)
+    assert await sub.subscribe(("kept/+", 1), packet_id=2) == Suback(2, (1,))
+    await pub.send(Publish("kept/t", b"second", qos=1, packet_id=2))
+    assert await pub.recv() == Puback(2)
+    assert await sub.recv() == Publish("kept/t", b"second", qos=1, packet_id=1)
+    await sub.send(Puback(1))
+    await sub.send(Unsubscribe(3, ("kept/t", "kept/+")))
+    assert await sub.recv() == Unsuback(3)
+    late = await RawClient.connected(node.config.port, "kept-late")
+    await late.subscribe(("kept/#", 0))
+    await pub.send(Publish("kept/t", b"third", qos=1, packet_id=3))
+    assert await pub.recv() == Puback(3)
+    assert await late.recv() == Publish("kept/t", b"third", qos=0)
+    await sub.expect_silence(0.5)
+    for c in (sub, pub, late):
+        await c.close()
+
+
 async def test_dollar_topics_not_matched_by_leading_wildcard(node: Node) -> None:
     sub = await RawClient.connected(node.config.port, "dollar")
     await sub.subscribe(("#", 0), ("+/x", 0))
