@@ -18,6 +18,7 @@ window, divided by what the window delivered.
 from __future__ import annotations
 
 import datetime
+import os
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -88,6 +89,8 @@ class Result:
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     cpu_us: float = 0.0
+    broker_cpu: float = 0.0
+    """The broker's processes' share of a core in the window."""
     load_cpu: list[float] = field(default_factory=list)
     services_cpu: list[float] = field(default_factory=list)
     """Each of the broker's services' (Headwater: Kafka, Redis) share of a core in the window."""
@@ -230,6 +233,7 @@ def measure(scenario: Scenario, broker: Broker, s: Settings, base: int) -> Resul
         kernel = tcp_counters()
         time.sleep(max(0.0, timing.end - time.monotonic()))
         node_cpu, result.load_cpu = sum(node.used()), [c / s.duration for c in load.used()]
+        result.broker_cpu = node_cpu / s.duration
         result.services_cpu = [c / s.duration for c in services.used()]
         result.stolen = stolen.share()
         grown = {k: n - kernel.get(k, 0) for k, n in tcp_counters().items()}
@@ -288,6 +292,8 @@ class Run:
     rotation)."""
     labels: dict[str, str] = field(default_factory=dict)
     results: list[Result] = field(default_factory=list)
+    kafka_ceiling: kafka_floor.Ceiling | None = None
+    """Kafka alone, flooded with the fan-in's records, on Headwater's Kafka (if a fan-in ran)."""
     kafka_floor: kafka_floor.Floor | None = None
     """Kafka alone at the latency rows' pace, on Headwater's Kafka (if a latency row ran)."""
 
@@ -333,7 +339,7 @@ def run(
     started = time.monotonic()
     with ExitStack() as stack:
         targets: list[Broker] = []
-        kafka_at = ""
+        kafka_at, kafka_pid = "", 0
         for name in sorted(names, key=lambda n: n == "headwater"):
             for w in workers if name == "headwater" else (1,):
                 broker = (
@@ -352,6 +358,7 @@ def run(
                     progress(f"warming Kafka up for {s.kafka_warmup:.0f} s or more")
                     out.warmed = warm_kafka(broker, s.kafka_warmup)
                     kafka_at = broker.state.get("kafka", "")
+                    kafka_pid = broker.services[0] if broker.services else 0
                     progress(f"Kafka warm after {out.warmed[0]:.0f} s")
                 targets.append(broker)
         pids = [p for b in targets for p in b.pids]
@@ -367,6 +374,10 @@ def run(
         if kafka_at and any(SCENARIOS[k].cell is latency_cell for k in keys):
             out.kafka_floor = kafka_floor.measure(kafka_at, s.rate, s.duration)
             progress(f"Kafka alone: {floor_text(out.kafka_floor)}")
+        if kafka_pid and any(k.startswith("fanin") for k in keys):
+            settle(pids, SETTLED_CPU, s.settle_max)
+            out.kafka_ceiling = kafka_floor.ceiling(kafka_at, s.duration, [kafka_pid])
+            progress(f"Kafka alone, flooded: {ceiling_text(out.kafka_ceiling)}")
     out.seconds = time.monotonic() - started
     return out
 
@@ -400,6 +411,51 @@ def floor_sentence(run: Run) -> str:
         f"(`bench/kafka_floor.py`: a node's producer settings, a consumer blocking in its own "
         f"thread): {floor_text(run.kafka_floor)}, the floor under Headwater's latency rows. "
     )
+
+
+def ceiling_text(ceiling: kafka_floor.Ceiling) -> str:
+    stolen = f", {ceiling.stolen:.0%} stolen" if ceiling.stolen >= STEAL_SAID else ""
+    return (
+        f"{ceiling.rate:,.0f} records/s, its client {ceiling.client_us:.1f} us and Kafka "
+        f"{ceiling.kafka_us:.1f} us of CPU a record{stolen}"
+    )
+
+
+def ceiling_sentence(run: Run) -> str:
+    """The Kafka-alone flood under the fan-in rows, if it was measured."""
+    if run.kafka_ceiling is None:
+        return ""
+    return (
+        f"Kafka alone, flooded with the fan-in's records and reading them back, on Headwater's "
+        f"Kafka after every scenario (`bench/kafka_floor.py`'s ceiling: a node's busy producer "
+        f"and live consumer settings, the log's five headers, one Python thread, no MQTT): "
+        f"{ceiling_text(run.kafka_ceiling)}; the most any node could take in on this machine, "
+        f"and the Kafka client's part of a node's CPU per message. "
+    )
+
+
+def machine_rows(run: Run) -> list[str]:
+    """Where the machine's CPU went in each run: what the load generator and the broker's
+    services left to the broker."""
+    cores = os.cpu_count() or 1
+    rows = []
+    for r in run.results:
+        if r.error:
+            continue
+        used = [r.broker_cpu, sum(r.services_cpu), sum(r.load_cpu), r.stolen * cores]
+        services = ", ".join(f"{c:.0%}" for c in r.services_cpu) or "-"
+        rows.append([
+            f"`{r.key}`", run.labels[r.broker], f"{r.broker_cpu:.0%}", services,
+            f"{used[2]:.0%}", f"{used[3]:.0%}", f"{max(0.0, cores - sum(used)):.0%}",
+        ])  # fmt: skip
+    head = ["run", "broker", "its processes", "its Kafka, Redis", "load generator", "stolen",
+            "idle"]  # fmt: skip
+    return [
+        f"Where the machine's {cores} cores went in each measured window, in shares of one core "
+        "(`/proc`: each process's utime + stime, the hypervisor's steal):",
+        "",
+        *table(head, rows),
+    ]
 
 
 def ratio(a: Result | None, b: Result | None) -> str:
@@ -470,7 +526,8 @@ def render(run: Run) -> str:
         *table(head, rows),
         "",
         f"How it ran: {s.warmup:g} s warm-up then {s.duration:g} s measured per run; "
-        f"{warmed(run)}. {floor_sentence(run)}The load generator is `bench/load.py` "
+        f"{warmed(run)}. {floor_sentence(run)}{ceiling_sentence(run)}The load generator is "
+        "`bench/load.py` "
         "(raw MQTT 3.1.1 on its own codec, one process per role: publishers, subscribers). "
         "us = broker CPU (utime + stime of /proc/<pid>/stat, every process of the broker) per "
         "delivered message or per CONNECT cycle over the measured window. Lost: QoS 1 PUBACKed "
@@ -478,5 +535,7 @@ def render(run: Run) -> str:
         "the machine's CPU time its hypervisor gave elsewhere in the window (steal of "
         f"/proc/stat), said from {STEAL_SAID:.0%}. The last column "
         "judges Headwater's row by issue 26's targets (ratios against mosquitto in this run).",
+        "",
+        *machine_rows(run),
     ]
     return wrap("throughput", lines)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench import brokers, mqtt
+from bench import brokers, kafka_floor, mqtt
 from bench.__main__ import COMMANDS, build_parser
 from bench.load import Report, Role
 from bench.measure import Steal, jit_seconds, stolen_share
@@ -23,6 +23,7 @@ from bench.throughput import (
     Run,
     Settings,
     account,
+    ceiling_sentence,
     measure,
     render,
     warmed,
@@ -221,6 +222,43 @@ def test_the_report_says_what_its_stolen_share_is() -> None:
     assert "Stolen: the share of the machine's CPU time its hypervisor gave elsewhere" in " ".join(
         render(run).split()
     )
+
+
+def test_the_report_says_where_the_machines_cpu_went_in_each_run() -> None:
+    run = Run(Settings(), "python -m bench throughput")
+    run.labels = {"mosquitto": "mosquitto 2.0.11", "headwater": "Headwater (1 node)"}
+    run.results = [
+        Result("fanin-qos1-paced", "mosquitto", broker_cpu=0.537, load_cpu=[0.93, 0.453]),
+        Result("fanin-qos1-paced", "headwater", broker_cpu=0.904, services_cpu=[0.278, 0.004],
+               load_cpu=[0.849, 0.217], stolen=0.0125),
+        Result("fanin-qos0", "headwater", error="FAILED: boom"),
+    ]  # fmt: skip
+    lines = render(run).splitlines()
+    cores = os.cpu_count() or 1
+    idle = [
+        max(0.0, cores - 0.537 - 1.383),
+        max(0.0, cores - 0.904 - 0.282 - 1.066 - 0.0125 * cores),
+    ]
+    assert f"Where the machine's {cores} cores went in each measured window" in " ".join(lines)
+    assert (
+        f"| `fanin-qos1-paced` | mosquitto 2.0.11 | 54% | - | 138% | 0% | {idle[0]:.0%} |" in lines
+    )
+    assert (
+        f"| `fanin-qos1-paced` | Headwater (1 node) | 90% | 28%, 0% | 107% | {0.0125 * cores:.0%} "
+        f"| {idle[1]:.0%} |" in lines
+    )
+    assert not [line for line in lines if line.startswith("| `fanin-qos0`")]  # a failed run
+
+
+def test_the_report_gives_kafkas_ceiling_only_when_measured() -> None:
+    run = Run(Settings(), "cmd")
+    assert ceiling_sentence(run) == ""
+    run.kafka_ceiling = kafka_floor.Ceiling(630_000, 10.0, 13.24, 9.91, stolen=0.07)
+    text = ceiling_sentence(run)
+    assert (
+        "63,000 records/s, its client 13.2 us and Kafka 9.9 us of CPU a record, 7% stolen" in text
+    )
+    assert "the most any node could take in on this machine" in text
 
 
 def test_a_stopped_clusters_kafka_data_goes_and_its_logs_stay(tmp_path: Path) -> None:
