@@ -292,8 +292,6 @@ class Run:
     rotation)."""
     labels: dict[str, str] = field(default_factory=dict)
     results: list[Result] = field(default_factory=list)
-    kafka_ceiling: kafka_floor.Ceiling | None = None
-    """Kafka alone, flooded with the fan-in's records, on Headwater's Kafka (if a fan-in ran)."""
     kafka_floor: kafka_floor.Floor | None = None
     """Kafka alone at the latency rows' pace, on Headwater's Kafka (if a latency row ran)."""
 
@@ -339,7 +337,7 @@ def run(
     started = time.monotonic()
     with ExitStack() as stack:
         targets: list[Broker] = []
-        kafka_at, kafka_pid = "", 0
+        kafka_at = ""
         for name in sorted(names, key=lambda n: n == "headwater"):
             for w in workers if name == "headwater" else (1,):
                 broker = (
@@ -358,7 +356,6 @@ def run(
                     progress(f"warming Kafka up for {s.kafka_warmup:.0f} s or more")
                     out.warmed = warm_kafka(broker, s.kafka_warmup)
                     kafka_at = broker.state.get("kafka", "")
-                    kafka_pid = broker.services[0] if broker.services else 0
                     progress(f"Kafka warm after {out.warmed[0]:.0f} s")
                 targets.append(broker)
         pids = [p for b in targets for p in b.pids]
@@ -374,10 +371,6 @@ def run(
         if kafka_at and any(SCENARIOS[k].cell is latency_cell for k in keys):
             out.kafka_floor = kafka_floor.measure(kafka_at, s.rate, s.duration)
             progress(f"Kafka alone: {floor_text(out.kafka_floor)}")
-        if kafka_pid and any(k.startswith("fanin") for k in keys):
-            settle(pids, SETTLED_CPU, s.settle_max)
-            out.kafka_ceiling = kafka_floor.ceiling(kafka_at, s.duration, [kafka_pid])
-            progress(f"Kafka alone, flooded: {ceiling_text(out.kafka_ceiling)}")
     out.seconds = time.monotonic() - started
     return out
 
@@ -410,27 +403,6 @@ def floor_sentence(run: Run) -> str:
         f"Kafka alone at the latency rows' pace, on Headwater's Kafka after every scenario "
         f"(`bench/kafka_floor.py`: a node's producer settings, a consumer blocking in its own "
         f"thread): {floor_text(run.kafka_floor)}, the floor under Headwater's latency rows. "
-    )
-
-
-def ceiling_text(ceiling: kafka_floor.Ceiling) -> str:
-    stolen = f", {ceiling.stolen:.0%} stolen" if ceiling.stolen >= STEAL_SAID else ""
-    return (
-        f"{ceiling.rate:,.0f} records/s, its client {ceiling.client_us:.1f} us and Kafka "
-        f"{ceiling.kafka_us:.1f} us of CPU a record{stolen}"
-    )
-
-
-def ceiling_sentence(run: Run) -> str:
-    """The Kafka-alone flood under the fan-in rows, if it was measured."""
-    if run.kafka_ceiling is None:
-        return ""
-    return (
-        f"Kafka alone, flooded with the fan-in's records and reading them back, on Headwater's "
-        f"Kafka after every scenario (`bench/kafka_floor.py`'s ceiling: a node's busy producer "
-        f"and live consumer settings, the log's five headers, one Python thread, no MQTT): "
-        f"{ceiling_text(run.kafka_ceiling)}; the most any node could take in on this machine, "
-        f"and the Kafka client's part of a node's CPU per message. "
     )
 
 
@@ -526,8 +498,7 @@ def render(run: Run) -> str:
         *table(head, rows),
         "",
         f"How it ran: {s.warmup:g} s warm-up then {s.duration:g} s measured per run; "
-        f"{warmed(run)}. {floor_sentence(run)}{ceiling_sentence(run)}The load generator is "
-        "`bench/load.py` "
+        f"{warmed(run)}. {floor_sentence(run)}The load generator is `bench/load.py` "
         "(raw MQTT 3.1.1 on its own codec, one process per role: publishers, subscribers). "
         "us = broker CPU (utime + stime of /proc/<pid>/stat, every process of the broker) per "
         "delivered message or per CONNECT cycle over the measured window. Lost: QoS 1 PUBACKed "

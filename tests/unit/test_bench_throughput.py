@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench import brokers, kafka_floor, mqtt
+from bench import brokers, mqtt
 from bench.__main__ import COMMANDS, build_parser
 from bench.load import Report, Role
 from bench.measure import Steal, jit_seconds, stolen_share
@@ -23,7 +23,6 @@ from bench.throughput import (
     Run,
     Settings,
     account,
-    ceiling_sentence,
     measure,
     render,
     warmed,
@@ -248,17 +247,6 @@ def test_the_report_says_where_the_machines_cpu_went_in_each_run() -> None:
         f"| {idle[1]:.0%} |" in lines
     )
     assert not [line for line in lines if line.startswith("| `fanin-qos0`")]  # a failed run
-
-
-def test_the_report_gives_kafkas_ceiling_only_when_measured() -> None:
-    run = Run(Settings(), "cmd")
-    assert ceiling_sentence(run) == ""
-    run.kafka_ceiling = kafka_floor.Ceiling(630_000, 10.0, 13.24, 9.91, stolen=0.07)
-    text = ceiling_sentence(run)
-    assert (
-        "63,000 records/s, its client 13.2 us and Kafka 9.9 us of CPU a record, 7% stolen" in text
-    )
-    assert "the most any node could take in on this machine" in text
 
 
 def test_a_stopped_clusters_kafka_data_goes_and_its_logs_stay(tmp_path: Path) -> None:
