@@ -32,6 +32,9 @@ from frontend.workers import die_with_parent
 
 SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 
+STRAGGLERS_SECONDS = 5.0
+"""How long `ChildProcess.stop` waits at most for the group's members killed last to be gone."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProcessIdentity:
@@ -84,6 +87,17 @@ def signal_group(pgid: int, sig: signal.Signals) -> bool:
     except PermissionError:
         return False
     return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of group `pgid` still running (zombies count as gone), from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _read_stat(int(entry.name))
+            if stat is not None and stat[0] != "Z" and int(stat[2]) == pgid:
+                members.append(int(entry.name))
+    return members
 
 
 def terminate_group(identity: ProcessIdentity, timeout: float = 30.0) -> None:
@@ -146,10 +160,13 @@ class ChildProcess:
         return self.popen.poll()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the group, SIGKILL it after `timeout`, then kill stragglers and reap.
+        """SIGTERM the group, SIGKILL it after `timeout`, then kill stragglers, wait until they
+        are gone (a signal arrives asynchronously: a grandchild was seen still running just after
+        its SIGKILL), and reap.
 
         The leader is waited for without being reaped (WNOWAIT): as a zombie it keeps its pid, so
-        the final SIGKILL to the group cannot reach a process that reused the number.
+        the final SIGKILL to the group cannot reach a process that reused the number, and the
+        group's members are told apart from any later group of that number.
         """
         if self.popen.returncode is None:
             signal_group(self.pid, signal.SIGTERM)
@@ -157,6 +174,9 @@ class ChildProcess:
                 signal_group(self.pid, signal.SIGKILL)
                 self._exited_within(None)
             signal_group(self.pid, signal.SIGKILL)
+            deadline = time.monotonic() + STRAGGLERS_SECONDS
+            while group_members(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
         self.popen.wait()
 
     def _exited_within(self, timeout: float | None) -> bool:
