@@ -414,11 +414,12 @@ def machine_rows(run: Run) -> list[str]:
     for r in run.results:
         if r.error:
             continue
-        used = [r.broker_cpu, sum(r.services_cpu), sum(r.load_cpu), r.stolen * cores]
+        load, stolen = sum(r.load_cpu), r.stolen * cores
+        idle = max(0.0, cores - r.broker_cpu - sum(r.services_cpu) - load - stolen)
         services = ", ".join(f"{c:.0%}" for c in r.services_cpu) or "-"
         rows.append([
-            f"`{r.key}`", run.labels[r.broker], f"{r.broker_cpu:.0%}", services,
-            f"{used[2]:.0%}", f"{used[3]:.0%}", f"{max(0.0, cores - sum(used)):.0%}",
+            f"`{r.key}`", run.labels[r.broker], f"{r.broker_cpu:.0%}", services, f"{load:.0%}",
+            f"{stolen:.0%}", f"{idle:.0%}",
         ])  # fmt: skip
     head = ["run", "broker", "its processes", "its Kafka, Redis", "load generator", "stolen",
             "idle"]  # fmt: skip
